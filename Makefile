@@ -1,0 +1,32 @@
+# gpupool: `make run` starts gpupool, `make test` passes every test. Both set everything up.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+SHARED ?= $(abspath ../shared)
+
+.PHONY: install run test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+run: install
+	$(VENV)/bin/gpupool sim demo --trace-dir $(SHARED)/traces/alibaba-gpu-v2023 --out demo-out
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src/gpupool/core
+	$(VENV)/bin/lint-imports
+
+test: lint
+	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 -p no:cacheprovider
+
+bench: install
+	GPUPOOL_SHARED=$(SHARED) $(PY) benchmarks/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) demo-out sim-out .mypy_cache .ruff_cache

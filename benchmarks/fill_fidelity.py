@@ -1,0 +1,67 @@
+"""Fill sweep on openb and its distance to the FGD artifact's published per-seed results."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from collections import defaultdict
+from fractions import Fraction
+from pathlib import Path
+
+from gpupool.sim.experiment import run_fill_sweep
+from gpupool.sim.sweep import parse_seeds
+
+PUBLISHED_NAMES = {"01-Random": "random", "02-DotProd": "dotprod", "03-GpuClustering": "gpuclustering",
+                   "04-GpuPacking": "gpupacking", "05-BestFit": "bestfit", "06-FGD": "fgd"}
+TOLERANCE = 0.5
+
+
+def published_means(path: Path, seeds: set[int]) -> dict[tuple[str, str, int], float]:
+    """(trace, policy, level) -> mean over the requested seeds of the artifact's allocation %."""
+    values: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            if int(row["seed"]) not in seeds:
+                continue
+            trace = row["workload"].removeprefix("openb_pod_list_")
+            for level in (100, 130):
+                values[(trace, PUBLISHED_NAMES[row["sc_policy"]], level)].append(float(row[str(level)]))
+    return {k: statistics.fmean(v) for k, v in values.items()}
+
+
+def run(openb: Path, published: Path, traces: list[str], policies: list[str], seeds: str, jobs: int,
+        out: Path) -> None:
+    pods = [openb / f"openb_pod_list_{t}.csv" for t in traces]
+    command = (f"gpupool sim fill --nodes {openb / 'openb_node_list_gpu_node.csv'} "
+               + " ".join(f"--pods {p}" for p in pods) + f" --policy {','.join(policies)} --seeds {seeds} "
+               f"--jobs {jobs} --out {out}")
+    started = time.perf_counter()
+    summary = run_fill_sweep(openb / "openb_node_list_gpu_node.csv", pods, policies, parse_seeds(seeds),
+                             Fraction(13, 10), out, jobs, True, command)
+    elapsed = time.perf_counter() - started
+    reference = published_means(published, set(parse_seeds(seeds)))
+    lines = ["| trace | policy | ours @100 | published @100 | Δ | ours @130 | published @130 | Δ | within ±0.5 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|:-:|"]
+    misses = 0
+    traces_summary = summary["traces"]
+    assert isinstance(traces_summary, dict)
+    for trace in traces:
+        for policy in policies:
+            levels = traces_summary[trace][policy]
+            cells, ok = [], True
+            for level in (100, 130):
+                ours = levels[f"at_{level}"]["mean"]
+                ref = reference.get((trace, policy, level))
+                delta = ours - ref if ref is not None else None
+                ok &= delta is None or abs(delta) <= TOLERANCE
+                cells += [f"{ours:.2f}", f"{ref:.2f}" if ref is not None else "-",
+                          f"{delta:+.2f}" if delta is not None else "-"]
+            misses += not ok
+            lines.append(f"| {trace} | {policy} | " + " | ".join(cells) + f" | {'yes' if ok else 'NO'} |")
+    report = "\n".join(lines)
+    (out / "fidelity.md").write_text(f"Command: `{command}`\n\nWall time: {elapsed:.0f} s\n\n{report}\n")
+    print(report)
+    print(f"\n{misses} of {len(traces) * len(policies)} (trace, policy) pairs outside ±{TOLERANCE}; "
+          f"sweep wall time {elapsed:.0f} s with {jobs} processes\ncommand: {command}\n"
+          f"written: {out / 'fidelity.md'}, {out / 'report.md'}")

@@ -1,0 +1,52 @@
+"""gpupool benchmarks (`make bench`): figures with the command that produced them, never timed tests.
+
+Suites:
+  fill   the FGD paper's 17 traces x 6 policies x seeds 42-51 on openb, compared with the published
+         per-seed results shipped in ../shared/traces/fgd-artifact-results (the baseline, read in this run)
+  speed  placement decisions per second of `fgd` at about 1k, 5k and 10k nodes (scaled copies of openb),
+         against an uncached per-node evaluation measured in the same run
+Run `python benchmarks/run.py --help` for options; `make bench BENCH_ARGS="--suite speed"` runs one suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fill_fidelity  # noqa: E402
+import placement_speed  # noqa: E402
+
+FGD_TRACES = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
+              "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
+              "multigpu40", "multigpu50")
+
+
+def shared() -> Path:
+    return Path(os.environ.get("GPUPOOL_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=["all", "fill", "speed"], default="all")
+    parser.add_argument("--traces", default=",".join(FGD_TRACES), help="comma-separated openb pod lists")
+    parser.add_argument("--policies", default="random,dotprod,gpuclustering,gpupacking,bestfit,fgd")
+    parser.add_argument("--seeds", default="42-51")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = parser.parse_args()
+    openb = shared() / "traces" / "alibaba-gpu-v2023"
+    if not openb.is_dir():
+        sys.exit(f"benchmarks need the shared openb trace at {openb} (set GPUPOOL_SHARED)")
+    if args.suite in ("all", "speed"):
+        placement_speed.run(openb, args.out / "speed")
+    if args.suite in ("all", "fill"):
+        fill_fidelity.run(openb, shared() / "traces" / "fgd-artifact-results" / "analysis_allo_discrete.csv",
+                          args.traces.split(","), args.policies.split(","), args.seeds, args.jobs, args.out / "fill")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The pure scheduling core: snapshot in, decisions out; no I/O, no wall clock, no global randomness.
+
+The public API, re-exported here, is what `gpupool.sim` and `gpupool.server` use.
+"""
+
+from gpupool.core.clock import Clock, FixedClock
+from gpupool.core.cycle import CycleResult, run_cycle
+from gpupool.core.decisions import ApplyReport, Bind, Decision, DecisionSink, Evict
+from gpupool.core.diagnostics import PendingKind, PendingReason
+from gpupool.core.fragmentation import FragModel, TaskClass, Workload
+from gpupool.core.model import DeviceShare, GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
+from gpupool.core.nodes import NodeKind, NodeState, NodeTable
+from gpupool.core.profile import PLACEMENT_PROFILES, WORKLOAD_AWARE, Framework, Profile, placement_profile
+from gpupool.core.registry import Registry, default_registry
+from gpupool.core.resources import ResourceVector
+from gpupool.core.snapshot import ClusterSnapshot, RunningTask
+
+__all__ = [
+    "PLACEMENT_PROFILES", "WORKLOAD_AWARE", "ApplyReport", "Bind", "Clock", "ClusterSnapshot", "CycleResult",
+    "Decision", "DecisionSink", "DeviceShare", "Evict", "FixedClock", "FragModel", "Framework", "GpuDevice",
+    "JobSpec", "NodeKind", "NodeSpec", "NodeState", "NodeTable", "PendingKind", "PendingReason", "Profile",
+    "Registry", "ResourceVector", "RunningTask", "TaskClass", "TaskShape", "TaskSpec", "Workload",
+    "default_registry", "placement_profile", "run_cycle",
+]

@@ -1,0 +1,103 @@
+"""FGD's workload-aware GPU fragmentation (ALGORITHMS.md §2.1-2.2), shared by the `fgd` policy and
+the fragmentation metrics.
+
+A `Workload` is the target task-class distribution M. `frag(kind, cpu_free, gpu_free)` is F_n(M):
+the idle milli-GPU of a node that the next task, drawn from M, could not use. It depends only on the
+node's model, free CPU and the multiset of free milli-GPU per device, so it is memoised by those.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpupool.core.model import TaskShape
+
+_MEMO_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClass:
+    """FGD class key: CPU (0 read as 100), per-GPU milli (0 for CPU-only), GPU count, model list."""
+
+    cpu_milli: int
+    gpu_milli: int
+    gpu_count: int
+    gpu_models: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, shape: TaskShape) -> TaskClass:
+        return cls(shape.cpu_milli or 100, shape.gpu_milli, shape.gpu_count, shape.gpu_models)
+
+    def sort_key(self) -> tuple[int, int, int, str]:
+        return (self.cpu_milli, self.gpu_milli, self.gpu_count, "|".join(self.gpu_models))
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Task classes with popularities summing to 1."""
+
+    classes: tuple[TaskClass, ...]
+    popularity: tuple[float, ...]
+
+    @classmethod
+    def from_shapes(cls, shapes: Iterable[TaskShape], coverage: float = 0.95) -> Workload:
+        """The most popular classes covering >= `coverage` of tasks (FGD's typical-pod rule).
+
+        Classes are ranked by count, then by key descending, taken one at a time until the kept
+        count reaches `coverage` of all tasks, and renormalised.
+        """
+        counts = Counter(TaskClass.of(s) for s in shapes)
+        if not counts:
+            raise ValueError("workload: no task shapes to learn from")
+        total = sum(counts.values())
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True)
+        kept: list[tuple[TaskClass, int]] = []
+        for item in ranked:
+            kept.append(item)
+            if sum(c for _, c in kept) >= coverage * total:
+                break
+        kept_total = sum(c for _, c in kept)
+        return cls(tuple(k for k, _ in kept), tuple(c / kept_total for _, c in kept))
+
+
+class FragModel:
+    """F_n(M) for one workload, memoised by (model, free CPU, sorted free milli-GPU)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        gpu = [(c, p) for c, p in zip(workload.classes, workload.popularity, strict=True) if c.gpu_milli]
+        self._cpu_only_p = sum(p for c, p in zip(workload.classes, workload.popularity, strict=True)
+                               if not c.gpu_milli)
+        self._gpu_classes = tuple((c.cpu_milli, c.gpu_milli, c.gpu_count, frozenset(c.gpu_models), p)
+                                  for c, p in gpu)
+        self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
+
+    def frag(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
+        """Expected unusable idle milli-GPU on a node in this state; 0 for nodes without GPUs."""
+        if not gpu_free:
+            return 0.0
+        key = (model, cpu_free, tuple(sorted(gpu_free)))
+        value = self._memo.get(key)
+        if value is None:
+            value = self._frag(model, cpu_free, key[2])
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = value
+        return value
+
+    def _frag(self, model: str, cpu_free: int, free: tuple[int, ...]) -> float:
+        idle = sum(free)
+        total = self._cpu_only_p * idle
+        for cpu, milli, count, models, p in self._gpu_classes:
+            if cpu_free < cpu or (models and model not in models):
+                total += p * idle
+                continue
+            fitting = sum(1 for r in free if r >= milli)
+            if fitting < count:
+                total += p * idle
+            else:
+                total += p * sum(r for r in free if r < milli)
+        return total
+

@@ -1,0 +1,80 @@
+"""Extension points: one small ABC each. A plugin subclasses only the points it implements.
+
+Every plugin has a class-level `name` (snake_case, unique in a registry) that appears in profiles,
+diagnostics and logs. Placement plugins (filter, score, devices) are pure functions of
+(node kind, node state, task shape): the placement engine caches their results by those keys, so a
+plugin that reads anything else (the clock, other nodes) breaks the cache and is a bug.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from gpupool.core.model import DeviceShare, JobSpec, TaskShape
+from gpupool.core.nodes import NodeKind, NodeState
+from gpupool.core.status import Status
+
+if TYPE_CHECKING:
+    from gpupool.core.cycle import Cycle
+    from gpupool.core.snapshot import ClusterSnapshot, RunningTask
+
+
+class Plugin(ABC):  # noqa: B024 - a marker base; extension points add the abstract methods
+    name: ClassVar[str]
+
+
+class FilterPlugin(Plugin):
+    @abstractmethod
+    def filter(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> Status:
+        """Called for each node (state) a shape is evaluated on.
+
+        Returns SUCCESS, UNSCHEDULABLE (might fit after evictions) or UNRESOLVABLE (never on this
+        node kind). The engine places the shape only on nodes where every filter succeeds, and
+        counts rejection reasons for "why pending". Must read only its arguments.
+        """
+
+
+class ScorePlugin(Plugin):
+    @abstractmethod
+    def score(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
+        """Called only for feasible nodes. Higher is better; the engine multiplies by the profile
+        weight, sums over score plugins and picks the maximum (ties: lowest node name, or a seeded
+        random choice when the profile says so)."""
+
+
+class DevicePlugin(Plugin):
+    @abstractmethod
+    def pick_devices(
+        self, kind: NodeKind, state: NodeState, shape: TaskShape, rng: random.Random
+    ) -> tuple[DeviceShare, ...]:
+        """Called once on the chosen (feasible) node: the exact GPUs or fraction the task gets.
+
+        Must return `shape.gpu_count` shares that fit `state`; () for CPU-only shapes.
+        """
+
+
+class QueueOrderPlugin(Plugin):
+    @abstractmethod
+    def sort_key(self, job: JobSpec, snapshot: ClusterSnapshot) -> tuple[Hashable, ...]:
+        """A total order of pending jobs (smaller first). Ties must end on a stable field, then job id."""
+
+
+class VictimPlugin(Plugin):
+    @abstractmethod
+    def order_victims(self, preemptor: JobSpec, candidates: Sequence[RunningTask]) -> Sequence[RunningTask]:
+        """Candidates that `preemptor` may evict, in the order they should be evicted (least lost
+        work first). Called inside a Statement; must not drop a candidate it cannot rank."""
+
+
+class Action(ABC):
+    """One pass of a cycle (allocate, backfill, reclaim, preempt, consolidate), least disruptive first."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def execute(self, cycle: Cycle) -> None:
+        """Called once per cycle in profile order. Changes go through `cycle.statement()`; committed
+        decisions are collected with `cycle.emit`. Must not raise for expected outcomes."""

@@ -1,0 +1,157 @@
+"""Node free state and the node table a cycle works on.
+
+`NodeKind` is what never changes on a node (model, capacities); `NodeState` is what placement
+changes (free CPU, memory, milli-GPU and GPU memory per device). Every placement policy is a pure
+function of (kind, state, task shape), which is what lets `gpupool.core.placement` cache scores.
+
+`NodeTable` holds one `NodeState` per node, nodes sorted by name (so index order is name order and
+"lowest name wins" is "lowest index wins"), and an append-only change log of node indices. Readers
+that cache per-node values remember the log position they have seen and re-read only the nodes
+changed since; `changed_since` returns None when the log was compacted past that position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from gpupool.core.model import DeviceShare, NodeSpec, TaskShape
+from gpupool.core.units import MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class NodeKind:
+    """The static half of a node: equal kinds are interchangeable for placement."""
+
+    model: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int
+    gpu_memory_mib: tuple[int, ...]
+
+    @classmethod
+    def of(cls, spec: NodeSpec) -> NodeKind:
+        return cls(
+            model=spec.gpu_model,
+            cpu_milli=spec.cpu_milli,
+            memory_mib=spec.memory_mib,
+            gpu_count=len(spec.gpus),
+            gpu_memory_mib=tuple(g.memory_mib for g in spec.gpus),
+        )
+
+    @property
+    def gpu_milli(self) -> int:
+        return self.gpu_count * MILLI
+
+
+def shape_tag(shape: TaskShape) -> str:
+    """The placement tag of a task (GPU-clustering affinity class): "" for CPU-only tasks."""
+    if shape.gpu_count == 0:
+        return ""
+    return "share-gpu" if shape.is_shared else f"{shape.gpu_count}-gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """The free half of a node. `tags` is the multiset of placed tasks' tags as sorted (tag, count)."""
+
+    cpu_free: int
+    memory_free: int
+    gpu_free: tuple[int, ...]
+    gpu_memory_free: tuple[int, ...]
+    tags: tuple[tuple[str, int], ...] = ()
+    schedulable: bool = True
+
+    @classmethod
+    def empty(cls, kind: NodeKind) -> NodeState:
+        return cls(kind.cpu_milli, kind.memory_mib, (MILLI,) * kind.gpu_count, kind.gpu_memory_mib)
+
+    @property
+    def gpu_idle(self) -> int:
+        """Free milli-GPU summed over the node's GPUs."""
+        return sum(self.gpu_free)
+
+    def take(self, shape: TaskShape, shares: Sequence[DeviceShare]) -> NodeState:
+        """The state after placing `shape` on `shares`; raises ValueError if it does not fit (a bug)."""
+        return self._moved(shape, shares, -1)
+
+    def give(self, shape: TaskShape, shares: Sequence[DeviceShare]) -> NodeState:
+        """The state after removing a task of `shape` that held `shares`."""
+        return self._moved(shape, shares, +1)
+
+    def _moved(self, shape: TaskShape, shares: Sequence[DeviceShare], sign: int) -> NodeState:
+        gpu = list(self.gpu_free)
+        gmem = list(self.gpu_memory_free)
+        for share in shares:
+            if not 0 <= share.index < len(gpu):
+                raise ValueError(f"placement of {shape} on {shares} overcommits the node: no GPU {share.index}")
+            gpu[share.index] += sign * share.milli
+            gmem[share.index] += sign * share.memory_mib
+        cpu = self.cpu_free + sign * shape.cpu_milli
+        mem = self.memory_free + sign * shape.memory_mib
+        if cpu < 0 or mem < 0 or min(gpu, default=0) < 0 or min(gmem, default=0) < 0:
+            raise ValueError(f"placement of {shape} on {shares} overcommits the node")
+        return NodeState(cpu, mem, tuple(gpu), tuple(gmem), _moved_tags(self.tags, shape, -sign),
+                         self.schedulable)
+
+    def with_schedulable(self, schedulable: bool) -> NodeState:
+        return replace(self, schedulable=schedulable)
+
+
+def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) -> tuple[tuple[str, int], ...]:
+    tag = shape_tag(shape)
+    if not tag:
+        return tags
+    counts = dict(tags)
+    counts[tag] = counts.get(tag, 0) + sign
+    if counts[tag] < 0:
+        raise ValueError(f"tag {tag} removed more often than placed")
+    return tuple(sorted((k, v) for k, v in counts.items() if v))
+
+
+class NodeTable:
+    """The free state of every node, indexed by name order, with a change log.
+
+    Only `set_state` changes a state, and it logs the index. Values derived from one node's
+    (kind, state) may be cached by readers keyed on `seq`; see the module docstring.
+    """
+
+    def __init__(self, specs: Iterable[NodeSpec]) -> None:
+        ordered = sorted(specs, key=lambda s: s.name)
+        self.specs: tuple[NodeSpec, ...] = tuple(ordered)
+        self.names: tuple[str, ...] = tuple(s.name for s in ordered)
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("node names must be unique")
+        self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        interned: dict[NodeKind, NodeKind] = {}
+        self.kinds: tuple[NodeKind, ...] = tuple(interned.setdefault(NodeKind.of(s), NodeKind.of(s)) for s in ordered)
+        self.states: list[NodeState] = [NodeState.empty(k) for k in self.kinds]
+        self.derived: dict[object, object] = {}
+        self._log: list[int] = []
+        self._log_start = 0
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def seq(self) -> int:
+        """Number of state changes ever made; a position in the change log."""
+        return self._log_start + len(self._log)
+
+    def set_state(self, i: int, state: NodeState) -> None:
+        self.states[i] = state
+        self._log.append(i)
+        if len(self._log) > 8 * len(self.names) + 4096:
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_start += drop
+
+    def changed_since(self, seq: int) -> set[int] | None:
+        """Indices changed after log position `seq`; None if that position was compacted away."""
+        if seq < self._log_start:
+            return None
+        return set(self._log[seq - self._log_start:])
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return sum(k.gpu_milli for k in self.kinds)

@@ -1,0 +1,28 @@
+"""Filter: the node has the CPU, memory, GPU model and free GPUs (or GPU fraction) the task needs."""
+
+from __future__ import annotations
+
+from gpupool.core.fit import node_fits
+from gpupool.core.framework import FilterPlugin
+from gpupool.core.model import TaskShape
+from gpupool.core.nodes import NodeKind, NodeState
+from gpupool.core.status import OK, Code, Status
+
+_UNRESOLVABLE = ("GPU model not allowed", "too few GPUs on node", "node unschedulable")
+
+
+class GpuFitFilter(FilterPlugin):
+    name = "gpu_fit"
+
+    def __init__(self) -> None:
+        self._statuses: dict[str, Status] = {}
+
+    def filter(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> Status:
+        reason = node_fits(kind, state, shape)
+        if not reason:
+            return OK
+        status = self._statuses.get(reason)
+        if status is None:
+            code = Code.UNRESOLVABLE if reason in _UNRESOLVABLE else Code.UNSCHEDULABLE
+            status = self._statuses[reason] = Status(code, reason, self.name)
+        return status

@@ -1,0 +1,103 @@
+"""Profiles: which actions run and which plugins decide, as validated data.
+
+`Framework.build(profile, registry)` checks every name and argument against the registry once, so
+a bad profile fails before its first cycle, never halfway through one. A plugin named in several
+extension points (FGD scores and picks devices) is built once and shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gpupool.core.framework import (
+    Action,
+    DevicePlugin,
+    FilterPlugin,
+    Plugin,
+    QueueOrderPlugin,
+    ScorePlugin,
+)
+from gpupool.core.placement import Placer, TieBreak
+from gpupool.core.registry import Registry
+
+P = TypeVar("P", bound=Plugin)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    actions: tuple[str, ...] = ("allocate",)
+    queue_order: str = "fifo"
+    filters: tuple[str, ...] = ("gpu_fit",)
+    scores: tuple[tuple[str, int], ...] = (("bestfit", 1),)
+    devices: str = "best_fit"
+    tie_break: TieBreak = "name"
+    args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def with_args(self, plugin: str, **kwargs: Any) -> Profile:
+        """A copy whose `plugin` gets `kwargs` merged into its arguments."""
+        merged = {**self.args, plugin: {**self.args.get(plugin, {}), **kwargs}}
+        return Profile(self.name, self.actions, self.queue_order, self.filters, self.scores, self.devices,
+                       self.tie_break, merged)
+
+
+def _placement(name: str, score: str, devices: str, tie_break: TieBreak = "name") -> Profile:
+    return Profile(name=name, scores=((score, 1),), devices=devices, tie_break=tie_break)
+
+
+#: The placement policies of ALGORITHMS.md §2 (plus spread), each as a one-score profile.
+PLACEMENT_PROFILES: dict[str, Profile] = {
+    "random": _placement("random", "random", "random_gpu", "random"),
+    "dotprod": _placement("dotprod", "dotprod", "best_fit"),
+    "gpuclustering": _placement("gpuclustering", "gpuclustering", "best_fit"),
+    "gpupacking": _placement("gpupacking", "gpupacking", "best_fit"),
+    "bestfit": _placement("bestfit", "bestfit", "best_fit"),
+    "fgd": _placement("fgd", "fgd", "fgd"),
+    "spread": _placement("spread", "spread", "worst_fit"),
+}
+
+#: Policies that need a target workload (`args[policy]["workload"]`).
+WORKLOAD_AWARE = frozenset({"fgd"})
+
+
+def placement_profile(policy: str) -> Profile:
+    if policy not in PLACEMENT_PROFILES:
+        raise ValueError(f"policy: unknown {policy!r}; choose from {', '.join(PLACEMENT_PROFILES)}")
+    return PLACEMENT_PROFILES[policy]
+
+
+class Framework:
+    """A profile made concrete: action and plugin instances, and the placement engine."""
+
+    def __init__(self, profile: Profile, actions: list[Action], queue_order: QueueOrderPlugin,
+                 placer: Placer) -> None:
+        self.profile = profile
+        self.actions = actions
+        self.queue_order = queue_order
+        self.placer = placer
+
+    @classmethod
+    def build(cls, profile: Profile, registry: Registry) -> Framework:
+        instances: dict[str, Plugin] = {}
+
+        def get(name: str, kind: type[P], field_name: str) -> P:
+            if name not in instances:
+                instances[name] = registry.create_plugin(name, profile.args.get(name, {}))
+            plugin = instances[name]
+            if not isinstance(plugin, kind):
+                raise ValueError(f"profile {profile.name}: {field_name}: {name!r} is not a {kind.__name__}")
+            return plugin
+
+        unknown = set(profile.args) - set(registry.plugins)
+        if unknown:
+            raise ValueError(f"profile {profile.name}: args: unknown plugins {sorted(unknown)}")
+        placer = Placer(
+            [get(n, FilterPlugin, "filters") for n in profile.filters],
+            [(get(n, ScorePlugin, "scores"), w) for n, w in profile.scores],
+            get(profile.devices, DevicePlugin, "devices"),
+            profile.tie_break,
+        )
+        actions = [registry.create_action(n) for n in profile.actions]
+        return cls(profile, actions, get(profile.queue_order, QueueOrderPlugin, "queue_order"), placer)

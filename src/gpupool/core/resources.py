@@ -1,0 +1,77 @@
+"""ResourceVector: an immutable, non-negative integer amount per resource name.
+
+Units are those of `gpupool.core.units` (milli-GPU, milli-CPU, MiB). Floats are rejected at
+construction, and a subtraction that would go negative raises: both are bugs, not outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from fractions import Fraction
+
+
+class ResourceVector(Mapping[str, int]):
+    """A frozen mapping resource -> int >= 0; missing resources read as 0."""
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, amounts: Mapping[str, int] | None = None, **kwargs: int) -> None:
+        merged = {**(amounts or {}), **kwargs}
+        for name, value in merged.items():
+            if type(value) is not int:
+                raise TypeError(f"{name}: resource amounts are integers, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{name}: resource amounts are non-negative, got {value}")
+        self._items = tuple(sorted((k, v) for k, v in merged.items() if v))
+        self._hash = hash(self._items)
+
+    def __getitem__(self, name: str) -> int:
+        for key, value in self._items:
+            if key == name:
+                return value
+        return 0
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ResourceVector):
+            return self._items == other._items
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ResourceVector({dict(self._items)})"
+
+    def __add__(self, other: Mapping[str, int]) -> ResourceVector:
+        out = dict(self._items)
+        for name, value in other.items():
+            out[name] = out.get(name, 0) + value
+        return ResourceVector(out)
+
+    def __sub__(self, other: Mapping[str, int]) -> ResourceVector:
+        out = dict(self._items)
+        for name, value in other.items():
+            left = out.get(name, 0) - value
+            if left < 0:
+                raise ValueError(f"{name}: subtracting {value} from {out.get(name, 0)} goes negative")
+            out[name] = left
+        return ResourceVector(out)
+
+    def scaled(self, factor: int) -> ResourceVector:
+        """Every amount multiplied by a non-negative integer factor."""
+        return ResourceVector({k: v * factor for k, v in self._items})
+
+    def fits_within(self, capacity: Mapping[str, int]) -> bool:
+        """True when every amount is at most the capacity's amount for that resource."""
+        return all(value <= capacity.get(name, 0) for name, value in self._items)
+
+    def dominant_share(self, total: Mapping[str, int]) -> Fraction:
+        """max over resources of amount/total (DRF); resources with total 0 are ignored."""
+        shares = [Fraction(v, total[k]) for k, v in self._items if total.get(k, 0) > 0]
+        return max(shares, default=Fraction(0))

@@ -1,0 +1,40 @@
+"""The cluster as one cycle sees it.
+
+A `ClusterSnapshot` is read-only for the cycle: `run_cycle` returns it exactly as it received it.
+Its owner (the simulator's cluster or the control plane's cache) updates the node table and the
+running map between cycles, incrementally, so a snapshot is valid until its owner next applies
+decisions (the Kubernetes scheduler's snapshot contract).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpupool.core.model import DeviceShare, JobSpec, TaskShape
+from gpupool.core.nodes import NodeTable
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTask:
+    """A task holding resources on a node."""
+
+    task_id: str
+    job_id: str
+    node: str
+    shape: TaskShape
+    shares: tuple[DeviceShare, ...]
+    queue: str = "default"
+    priority: int = 0
+    preemptible: bool = True
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    nodes: NodeTable
+    pending: tuple[JobSpec, ...] = ()
+    running: Mapping[str, RunningTask] = field(default_factory=lambda: MappingProxyType({}))
+    generation: int = 0
+    taken_at: float = 0.0

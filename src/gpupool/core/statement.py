@@ -1,0 +1,136 @@
+"""Tentative changes inside a cycle, with checkpoint, rollback and commit.
+
+`Workspace` is the cycle's mutable view over a snapshot: it changes the snapshot's node table in
+place, tracks tasks placed and evicted in this cycle, and journals every change so that `restore()`
+returns the snapshot to exactly what the cycle received.
+
+A `Statement` is one transaction on the workspace. State machine::
+
+    OPEN --commit()--> COMMITTED      (its decisions are kept; its changes stay until restore())
+    OPEN --discard()-> DISCARDED      (its changes are undone)
+
+Used as a context manager it discards on exit unless committed. Invariant (property-tested): after
+`rollback(cp)` the node table and task sets are exactly as they were when `cp` was taken.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from types import TracebackType
+
+from gpupool.core.decisions import Bind, Decision, Evict
+from gpupool.core.model import DeviceShare, JobSpec, TaskSpec
+from gpupool.core.nodes import NodeState
+from gpupool.core.snapshot import ClusterSnapshot, RunningTask
+
+_NODE, _PLACED, _EVICTED = 0, 1, 2
+
+
+class Workspace:
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self.snapshot = snapshot
+        self.table = snapshot.nodes
+        self.placed: dict[str, RunningTask] = {}
+        self.evicted: set[str] = set()
+        self.journal: list[tuple[int, object, object]] = []
+
+    def running(self, task_id: str) -> RunningTask | None:
+        """A task running as of now in this cycle (placed here, or running and not evicted)."""
+        if task_id in self.evicted:
+            return None
+        return self.placed.get(task_id) or self.snapshot.running.get(task_id)
+
+    def set_node(self, i: int, state: NodeState) -> None:
+        self.journal.append((_NODE, i, self.table.states[i]))
+        self.table.set_state(i, state)
+
+    def add_placed(self, task: RunningTask) -> None:
+        self.journal.append((_PLACED, task.task_id, None))
+        self.placed[task.task_id] = task
+
+    def add_evicted(self, task_id: str) -> None:
+        self.journal.append((_EVICTED, task_id, None))
+        self.evicted.add(task_id)
+
+    def undo_to(self, mark: int) -> None:
+        """Undo journal entries after position `mark`, newest first."""
+        while len(self.journal) > mark:
+            kind, key, old = self.journal.pop()
+            if kind == _NODE:
+                assert isinstance(key, int) and isinstance(old, NodeState)
+                self.table.set_state(key, old)
+            elif kind == _PLACED:
+                self.placed.pop(str(key))
+            else:
+                self.evicted.discard(str(key))
+
+    def restore(self) -> None:
+        self.undo_to(0)
+
+
+class StatementState(Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    DISCARDED = "discarded"
+
+
+class Statement:
+    def __init__(self, workspace: Workspace, now: float) -> None:
+        self.ws = workspace
+        self.now = now
+        self.state = StatementState.OPEN
+        self._start = len(workspace.journal)
+        self._ops: list[Decision] = []
+
+    def __enter__(self) -> Statement:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.state is StatementState.OPEN:
+            self.discard()
+
+    def allocate(self, job: JobSpec, task: TaskSpec, node: int, shares: tuple[DeviceShare, ...]) -> None:
+        """Place `task` on node index `node` with `shares`; raises ValueError if it does not fit."""
+        self._check_open()
+        table = self.ws.table
+        self.ws.set_node(node, table.states[node].take(task.shape, shares))
+        name = table.names[node]
+        self.ws.add_placed(RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority,
+                                       job.preemptible, self.now))
+        self._ops.append(Bind(job.id, task.id, name, task.shape, shares))
+
+    def evict(self, task: RunningTask, reason: str) -> None:
+        """Free the resources of a running `task`."""
+        self._check_open()
+        i = self.ws.table.index[task.node]
+        self.ws.set_node(i, self.ws.table.states[i].give(task.shape, task.shares))
+        self.ws.add_evicted(task.task_id)
+        self._ops.append(Evict(task.job_id, task.task_id, task.node, reason))
+
+    def checkpoint(self) -> tuple[int, int]:
+        return (len(self.ws.journal), len(self._ops))
+
+    def rollback(self, checkpoint: tuple[int, int]) -> None:
+        self._check_open()
+        self.ws.undo_to(checkpoint[0])
+        del self._ops[checkpoint[1]:]
+
+    def commit(self) -> list[Decision]:
+        self._check_open()
+        self.state = StatementState.COMMITTED
+        return list(self._ops)
+
+    def discard(self) -> None:
+        self._check_open()
+        self.ws.undo_to(self._start)
+        self._ops.clear()
+        self.state = StatementState.DISCARDED
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        return tuple(self._ops)
+
+    def _check_open(self) -> None:
+        if self.state is not StatementState.OPEN:
+            raise RuntimeError(f"statement is {self.state.value}")

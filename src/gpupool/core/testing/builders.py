@@ -1,0 +1,42 @@
+"""Defaulted builders for tests and plugin authors: describe only what a case is about."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpupool.core.model import GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
+from gpupool.core.nodes import NodeState, NodeTable
+
+
+def make_node(name: str = "n1", gpus: int = 2, model: str = "A100", cpu_milli: int = 64_000,
+              memory_mib: int = 262_144, gpu_memory_mib: int = 0) -> NodeSpec:
+    return NodeSpec(name, cpu_milli, memory_mib, tuple(GpuDevice(i, model, gpu_memory_mib) for i in range(gpus)))
+
+
+def make_shape(gpu_milli: int = 1000, gpu_count: int | None = None, cpu_milli: int = 0, memory_mib: int = 0,
+               models: Sequence[str] = (), gpu_memory_mib: int = 0) -> TaskShape:
+    """`gpu_milli` per GPU; `gpu_count` defaults to 1 when gpu_milli > 0, else 0."""
+    count = gpu_count if gpu_count is not None else (1 if gpu_milli else 0)
+    return TaskShape(cpu_milli, memory_mib, count, gpu_milli if count else 0, gpu_memory_mib, tuple(models))
+
+
+def make_job(job_id: str, *shapes: TaskShape, min_tasks: int = 0, queue: str = "default", priority: int = 0,
+             submitted_at: float = 0.0, preemptible: bool = True,
+             runtime_estimate_s: float | None = None) -> JobSpec:
+    tasks = tuple(TaskSpec(f"{job_id}/{i}", s) for i, s in enumerate(shapes or (make_shape(),)))
+    return JobSpec(job_id, tasks, queue, min_tasks, priority, submitted_at, preemptible,
+                   runtime_estimate_s=runtime_estimate_s)
+
+
+def table_of(*nodes: NodeSpec | tuple[NodeSpec, Sequence[int]] | tuple[NodeSpec, Sequence[int], int]) -> NodeTable:
+    """A table of nodes; a node given as (spec, gpu_free) or (spec, gpu_free, cpu_free) starts in that state."""
+    specs = [n if isinstance(n, NodeSpec) else n[0] for n in nodes]
+    table = NodeTable(specs)
+    for n in nodes:
+        if isinstance(n, NodeSpec):
+            continue
+        i = table.index[n[0].name]
+        empty = table.states[i]
+        cpu = n[2] if len(n) == 3 else empty.cpu_free
+        table.set_state(i, NodeState(cpu, empty.memory_free, tuple(n[1]), empty.gpu_memory_free))
+    return table

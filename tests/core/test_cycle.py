@@ -1,0 +1,62 @@
+"""run_cycle: snapshot in (unchanged), decisions out; gangs all-or-nothing; reasons for what waits."""
+
+from __future__ import annotations
+
+import random
+
+from gpupool.core import Bind, ClusterSnapshot, FixedClock, Framework, PendingKind, default_registry, run_cycle
+from gpupool.core import placement_profile as profile
+from gpupool.core.testing.builders import make_job, make_node, make_shape, table_of
+
+
+def _run(table, *jobs, policy="bestfit"):
+    framework = Framework.build(profile(policy), default_registry())
+    return run_cycle(ClusterSnapshot(table, tuple(jobs)), framework, clock=FixedClock(), rng=random.Random(1))
+
+
+def test_snapshot_is_returned_unchanged():
+    table = table_of(make_node("a"), make_node("b"))
+    before = list(table.states)
+    result = _run(table, make_job("j1", make_shape(1000)), make_job("j2", make_shape(1000, gpu_count=2)))
+    assert len(result.decisions) == 2
+    assert table.states == before
+
+
+def test_gang_places_all_tasks_or_none():
+    table = table_of(make_node("a", gpus=2), make_node("b", gpus=2))
+    fits = make_job("fits", *[make_shape(1000, gpu_count=2)] * 2)
+    too_big = make_job("too-big", *[make_shape(1000, gpu_count=2)] * 3, submitted_at=1)
+    result = _run(table, fits, too_big)
+    assert {d.job_id for d in result.decisions} == {"fits"}
+    result = _run(table, too_big)
+    assert result.decisions == ()
+    assert result.pending["too-big"].kind is PendingKind.NO_NODE_FITS
+    assert "task 3 of 3" in result.pending["too-big"].message
+
+
+def test_min_tasks_lets_an_elastic_gang_start_partially():
+    table = table_of(make_node("a", gpus=2))
+    job = make_job("elastic", *[make_shape(1000)] * 3, min_tasks=2)
+    result = _run(table, job)
+    assert len(result.decisions) == 2 and "elastic" not in result.pending
+
+
+def test_later_jobs_see_earlier_placements_in_the_same_cycle():
+    table = table_of(make_node("a", gpus=1))
+    result = _run(table, make_job("first", make_shape(1000)), make_job("second", make_shape(1000), submitted_at=1))
+    assert [d.job_id for d in result.decisions] == ["first"]
+    assert "second" in result.pending
+
+
+def test_why_pending_counts_nodes_by_reason():
+    table = table_of(make_node("a", model="T4"), make_node("b", model="T4"), (make_node("c", model="V100"), [0, 0]))
+    result = _run(table, make_job("j", make_shape(1000, models=["V100"])))
+    reason = result.pending["j"]
+    assert dict(reason.details) == {"GPU model not allowed": 2, "insufficient GPU": 1}
+    assert reason.message.startswith("0/3 nodes")
+
+
+def test_binds_carry_exact_devices():
+    table = table_of((make_node("a", gpus=2), [400, 1000]))
+    (bind,) = _run(table, make_job("j", make_shape(300))).decisions
+    assert isinstance(bind, Bind) and bind.shares[0].index == 0 and bind.shares[0].milli == 300

@@ -1,0 +1,101 @@
+"""Statement: checkpoint/rollback restores the node table and task sets exactly (Hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupool.core import ClusterSnapshot, RunningTask
+from gpupool.core.fit import fitting_gpus, fraction_share, lowest_whole_gpus
+from gpupool.core.statement import Statement, StatementState, Workspace
+from gpupool.core.testing.builders import make_job, make_node, make_shape, table_of
+
+SHAPES = [make_shape(300, cpu_milli=1000), make_shape(1000, cpu_milli=2000), make_shape(1000, gpu_count=2),
+          make_shape(0, cpu_milli=4000)]
+
+
+def _world():
+    table = table_of(make_node("a", gpus=2), make_node("b", gpus=4), make_node("c", gpus=1))
+    running = {
+        "r1": RunningTask("r1", "j-r1", "b", SHAPES[1], lowest_whole_gpus(table.states[1], SHAPES[1])),
+    }
+    i = table.index["b"]
+    table.set_state(i, table.states[i].take(SHAPES[1], running["r1"].shares))
+    return ClusterSnapshot(table, running=running)
+
+
+def _view(ws: Workspace):
+    return list(ws.table.states), dict(ws.placed), set(ws.evicted)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["alloc", "evict", "checkpoint", "rollback"]),
+                         st.integers(0, 3), st.integers(0, 2)), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
+    ws = Workspace(_world())
+    stmt = Statement(ws, now=0.0)
+    saved = []
+    for n, (op, shape_i, node_i) in enumerate(sequence):
+        shape = SHAPES[shape_i]
+        state = ws.table.states[node_i]
+        if op == "alloc" and len(fitting_gpus(state, shape)) >= shape.gpu_count and state.cpu_free >= shape.cpu_milli:
+            gpus = fitting_gpus(state, shape)
+            shares = fraction_share(shape, gpus[0]) if shape.is_shared else lowest_whole_gpus(state, shape)
+            job = make_job(f"j{n}", shape)
+            stmt.allocate(job, job.tasks[0], node_i, shares)
+        elif op == "evict":
+            victims = [t for t in [*ws.snapshot.running.values(), *ws.placed.values()] if ws.running(t.task_id)]
+            if victims:
+                stmt.evict(victims[shape_i % len(victims)], "test")
+        elif op == "checkpoint":
+            saved.append((stmt.checkpoint(), _view(ws)))
+        elif op == "rollback" and saved:
+            cp, view = saved.pop()
+            stmt.rollback(cp)
+            assert _view(ws) == view
+    before = _world()
+    stmt.discard()
+    assert ws.table.states == before.nodes.states
+    assert ws.placed == {} and ws.evicted == set()
+
+
+def test_commit_keeps_changes_until_workspace_restore():
+    ws = Workspace(_world())
+    original = list(ws.table.states)
+    with Statement(ws, 0.0) as stmt:
+        job = make_job("j", SHAPES[1])
+        stmt.allocate(job, job.tasks[0], 0, lowest_whole_gpus(ws.table.states[0], SHAPES[1]))
+        decisions = stmt.commit()
+    assert len(decisions) == 1 and decisions[0].node == "a"
+    assert ws.table.states != original
+    ws.restore()
+    assert ws.table.states == original
+
+
+def test_statement_discards_on_exception():
+    ws = Workspace(_world())
+    original = list(ws.table.states)
+    with pytest.raises(RuntimeError), Statement(ws, 0.0) as stmt:
+        job = make_job("j", SHAPES[1])
+        stmt.allocate(job, job.tasks[0], 0, lowest_whole_gpus(ws.table.states[0], SHAPES[1]))
+        raise RuntimeError("boom")
+    assert ws.table.states == original and stmt.state is StatementState.DISCARDED
+
+
+def test_closed_statement_refuses_changes():
+    ws = Workspace(_world())
+    stmt = Statement(ws, 0.0)
+    stmt.commit()
+    with pytest.raises(RuntimeError, match="committed"):
+        stmt.discard()
+
+
+def test_overcommit_is_a_bug_not_an_outcome():
+    ws = Workspace(_world())
+    job = make_job("j", make_shape(1000, gpu_count=2))
+    with pytest.raises(ValueError, match="overcommits"), Statement(ws, 0.0) as stmt:
+        stmt.allocate(job, job.tasks[0], 2, lowest_whole_gpus(ws.table.states[0], job.tasks[0].shape))
