@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool.core import PLACEMENT_PROFILES
-from gpupool.sim.experiment import run_fill_sweep
+from gpupool.sim.experiment import run_fill_sweep, run_replay_sweep
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.traces.errors import TraceError
 
@@ -133,3 +133,39 @@ def demo(trace_dir: Path = typer.Option(Path("../shared/traces/alibaba-gpu-v2023
     console.print(f"\nReport: [bold]{out / 'report.md'}[/bold] (plots: {out}/alloc_*.png)\n"
                   f"Next: all policies over ten seeds:\n  gpupool sim fill --nodes {nodes} --pods {pods} "
                   f"--policy {','.join(PLACEMENT_PROFILES)} --seeds 42-51 --out sweep-out")
+
+
+@app.command()
+def replay(
+    nodes: Path = typer.Option(..., help="node list CSV (openb format)"),
+    pods: list[Path] = typer.Option(..., help="pod list CSV with creation/deletion times; repeatable"),
+    policy: str = typer.Option("fgd", help="placement policies, comma-separated"),
+    seeds: str = typer.Option("42", help="seeds: 42-51 or 1,2,3"),
+    out: Path = typer.Option(Path("sim-out"), help="output folder"),
+    tick_s: float = typer.Option(0.0, min=0.0, help="at most one scheduling cycle per this many simulated seconds"),
+    sample_s: float = typer.Option(3600.0, min=1.0, help="cluster sample period in simulated seconds"),
+    jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="parallel processes"),
+    timing: bool = typer.Option(True, help="record cycle latency and decisions/s (wall clock)"),
+    quiet: bool = typer.Option(False, help="no progress bar"),
+) -> None:
+    """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
+    _existing(nodes, "--nodes")
+    for p in pods:
+        _existing(p, "--pods")
+    try:
+        summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, tick_s, sample_s,
+                                   timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet)
+    except TraceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    table = Table(title="Replay: waits and allocation, mean over seeds")
+    for column in ("trace", "policy", "mean wait s", "p99 wait s", "GAR", "started", "cycle p99 ms"):
+        table.add_column(column)
+    traces = summary["traces"]
+    assert isinstance(traces, dict)
+    for trace, policies in traces.items():
+        for name, e in policies.items():
+            table.add_row(trace, name, *(str(e.get(k, "")) for k in
+                                         ("mean_wait_s", "p99_wait_s", "gar_window", "started", "cycle_p99_ms")))
+    console.print(table)
+    console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")

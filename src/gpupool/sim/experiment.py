@@ -1,7 +1,8 @@
-"""Fill sweeps: traces x policies x seeds in parallel, written to an output folder.
+"""Sweeps: traces x policies x seeds in parallel processes, written to an output folder.
 
-Outputs: results.csv (one row per trace, policy, seed and whole arrived percent), summary.json,
-PNG plots per trace and report.md that embeds them.
+Fill: results.csv (one row per trace, policy, seed and whole arrived percent), summary.json, PNG plots
+per trace and report.md. Replay: results.csv (cluster samples over time), jobs.csv (one row per job),
+summary.json, plots and report.md.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from gpupool.core import WORKLOAD_AWARE, NodeSpec, Workload, placement_profile
+from gpupool.core import WORKLOAD_AWARE, JobSpec, NodeSpec, TaskSpec, Workload, placement_profile
 from gpupool.core.fragmentation import FragModel
-from gpupool.sim import fill_report, plots
+from gpupool.sim import fill_report, plots, replay_report
 from gpupool.sim.fill import run_fill, tune
+from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
-from gpupool.sim.traces.openb import Pod, read_nodes, read_pods
+from gpupool.sim.traces.openb import Pod, pod_duration, read_nodes, read_pods, require_times
 
 
 def trace_name(pods_path: str | Path) -> str:
@@ -90,3 +92,87 @@ def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: li
     images = plots.fill_plots(out, rows)
     plots.write_report(out, "gpupool fill simulation", command, summary_table(summary), images)
     return document
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayTask:
+    nodes: str
+    pods: str
+    policy: str
+    seed: int
+    tick_s: float
+    sample_s: float
+    timing: bool
+
+
+def openb_arrivals(pods: list[Pod]) -> list[JobArrival]:
+    """One single-task job per pod, arriving at its creation time and running for its trace duration."""
+    arrivals = []
+    for pod in pods:
+        assert pod.creation_time is not None
+        job = JobSpec(pod.name, (TaskSpec(pod.name, pod.shape),), submitted_at=float(pod.creation_time))
+        arrivals.append(JobArrival(float(pod.creation_time), job, float(pod_duration(pod))))
+    return arrivals
+
+
+def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, str]], dict[str, object]]:
+    """One replay; returns its sample rows, job rows and summary."""
+    nodes = list(load_nodes(task.nodes))
+    pods = list(load_pods(task.pods))
+    require_times(task.pods, pods)
+    profile = placement_profile(task.policy)
+    if task.policy in WORKLOAD_AWARE:
+        profile = profile.with_args(task.policy, workload=Workload.from_shapes(p.shape for p in pods))
+    run = Replay(nodes, openb_arrivals(pods), profile, task.seed, task.tick_s, task.sample_s).run()
+    trace = trace_name(task.pods)
+    return (replay_report.sample_rows(trace, task.policy, task.seed, run),
+            replay_report.job_rows(trace, task.policy, task.seed, run),
+            {"trace": trace, "policy": task.policy, "seed": task.seed,
+             **replay_report.run_summary(run, task.timing)})
+
+
+def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[str, object]]]:
+    grouped: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for run in runs:
+        grouped.setdefault((str(run["trace"]), str(run["policy"])), []).append(run)
+    out: dict[str, dict[str, dict[str, object]]] = {}
+    for (trace, policy), items in sorted(grouped.items()):
+        entry: dict[str, object] = {"seeds": len(items)}
+        for key in ("mean_wait_s", "p50_wait_s", "p99_wait_s", "gar_window", "started", "preemptions",
+                    "cycle_p50_ms", "cycle_p99_ms", "decisions_per_s"):
+            values = [float(i[key]) for i in items if i.get(key) is not None]  # type: ignore[arg-type]
+            if values:
+                entry[key] = round(sum(values) / len(values), 4)
+        out.setdefault(trace, {})[policy] = entry
+    return out
+
+
+def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], out: Path, jobs: int,
+                     tick_s: float, sample_s: float, timing: bool, command: str,
+                     quiet: bool = False) -> dict[str, object]:
+    for policy in policies:
+        placement_profile(policy)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = [ReplayTask(str(nodes), str(p), policy, seed, tick_s, sample_s, timing)
+             for p in pods for policy in policies for seed in seeds]
+    results = run_all(replay_task, tasks, jobs, "replays", quiet)
+    samples = [row for s, _, _ in results for row in s]
+    replay_report.write_csv(out / "results.csv", replay_report.SAMPLE_COLUMNS, samples)
+    replay_report.write_csv(out / "jobs.csv", replay_report.JOB_COLUMNS, [row for _, j, _ in results for row in j])
+    runs = [r for _, _, r in results]
+    document = {"protocol": "replay", "seeds": seeds, "command": command, "tick_s": tick_s,
+                "traces": _mean_summaries(runs), "runs": runs}
+    fill_report.write_summary(out, document)
+    images = plots.replay_plots(out, samples)
+    plots.write_report(out, "gpupool replay simulation", command, replay_table(document["traces"]), images)
+    return document
+
+
+def replay_table(traces: dict[str, dict[str, dict[str, object]]]) -> str:
+    lines = ["| trace | policy | mean wait (s) | p99 wait (s) | GAR over the run | jobs started |",
+             "|---|---|---:|---:|---:|---:|"]
+    for trace, policies in traces.items():
+        for policy, e in policies.items():
+            lines.append(f"| {trace} | {policy} | {e.get('mean_wait_s', '')} | {e.get('p99_wait_s', '')} | "
+                         f"{e.get('gar_window', '')} | {e.get('started', '')} |")
+    return "\n".join(lines)

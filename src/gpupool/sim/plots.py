@@ -67,3 +67,17 @@ def write_report(out: Path, title: str, command: str, table_md: str, images: Seq
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def replay_plots(out: Path, rows: Sequence[dict[str, str]]) -> list[Path]:
+    """Per trace: GPU allocation and pending jobs over simulated time (hours), mean over seeds."""
+    paths = []
+    hours = [{**r, "time_h": str(float(r["time_s"]) / 3600)} for r in rows]
+    alloc = mean_curves(hours, "time_h", "gpu_alloc_pct")
+    pending = mean_curves(hours, "time_h", "pending_jobs")
+    for trace in alloc:
+        paths.append(line_plot(out / f"alloc_{trace}.png", alloc[trace], f"GPU allocation over time, {trace}",
+                               "simulated time (h)", "GPU allocation (%)"))
+        paths.append(line_plot(out / f"pending_{trace}.png", pending[trace], f"Pending jobs, {trace}",
+                               "simulated time (h)", "pending jobs"))
+    return paths

@@ -129,3 +129,20 @@ def read_pods(path: str | Path) -> list[Pod]:
                             if "scheduled_time" in row else None),
         ))
     return pods
+
+
+def pod_duration(pod: Pod) -> int:
+    """How long a pod ran in the trace: deletion - scheduled (or - creation if never scheduled), >= 1 s."""
+    assert pod.creation_time is not None and pod.deletion_time is not None
+    begin = pod.scheduled_time if pod.scheduled_time is not None else pod.creation_time
+    return max(1, pod.deletion_time - begin)
+
+
+def require_times(path: str | Path, pods: list[Pod]) -> None:
+    """Raise TraceError unless every pod has creation and deletion times (time-based replay needs them)."""
+    for line, pod in enumerate(pods, start=2):
+        for column in ("creation_time", "deletion_time"):
+            if getattr(pod, column) is None:
+                raise TraceError(str(path), line, column, "time-based replay needs this column")
+        if pod.deletion_time < pod.creation_time:  # type: ignore[operator]
+            raise TraceError(str(path), line, "deletion_time", "is before creation_time")

@@ -1,0 +1,76 @@
+"""Replay outputs: results.csv (cluster samples), jobs.csv (one row per job), summary.json, plots."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpupool.core.metrics import WAIT_BUCKETS_S, histogram, nearest_rank
+from gpupool.sim.replay import ReplayRun
+
+SAMPLE_COLUMNS = ("trace", "policy", "seed", "time_s", "gpu_alloc_pct", "unallocated_gpus", "gfr_pct",
+                  "pending_jobs", "running_tasks")
+JOB_COLUMNS = ("trace", "policy", "seed", "job", "queue", "submit_s", "start_s", "end_s", "wait_s", "gpus",
+               "preemptions", "reason_last_pending")
+
+
+def sample_rows(trace: str, policy: str, seed: int, run: ReplayRun) -> list[dict[str, str]]:
+    rows = []
+    for s in run.samples:
+        alloc = s.allocated_milli / s.capacity_milli if s.capacity_milli else 0.0
+        rows.append({"trace": trace, "policy": policy, "seed": str(seed), "time_s": f"{s.time - run.start:.0f}",
+                     "gpu_alloc_pct": f"{100 * alloc:.2f}",
+                     "unallocated_gpus": f"{(s.capacity_milli - s.allocated_milli) / 1000:.1f}",
+                     "gfr_pct": f"{100 * s.fragmented_nodes / s.gpu_nodes:.2f}" if s.gpu_nodes else "0.00",
+                     "pending_jobs": str(s.pending), "running_tasks": str(s.running_tasks)})
+    return rows
+
+
+def _opt(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
+
+
+def job_rows(trace: str, policy: str, seed: int, run: ReplayRun) -> list[dict[str, str]]:
+    rows = []
+    for job_id, r in sorted(run.records.items(), key=lambda kv: (kv[1].submit, kv[0])):
+        wait = None if r.first_start is None else r.first_start - r.submit
+        rows.append({"trace": trace, "policy": policy, "seed": str(seed), "job": job_id, "queue": r.job.queue,
+                     "submit_s": _opt(r.submit - run.start), "start_s": _opt(None if r.first_start is None
+                                                                             else r.first_start - run.start),
+                     "end_s": _opt(None if r.end is None else r.end - run.start), "wait_s": _opt(wait),
+                     "gpus": f"{r.gpus_milli / 1000:g}", "preemptions": str(r.preemptions),
+                     "reason_last_pending": r.last_reason.message if r.last_reason and r.first_start is None else ""})
+    return rows
+
+
+def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
+    waits = [r.first_start - r.submit for r in run.records.values() if r.first_start is not None]
+    span = run.end - run.start
+    summary: dict[str, object] = {
+        "jobs": len(run.records), "started": len(waits),
+        "never_started": len(run.records) - len(waits),
+        "preemptions": sum(r.preemptions for r in run.records.values()),
+        "mean_wait_s": round(statistics.fmean(waits), 1) if waits else None,
+        "p50_wait_s": nearest_rank(waits, 50) if waits else None,
+        "p90_wait_s": nearest_rank(waits, 90) if waits else None,
+        "p99_wait_s": nearest_rank(waits, 99) if waits else None,
+        "jwtd_buckets": histogram(waits, WAIT_BUCKETS_S),
+        "gar_window": round(run.allocated_area / (run.capacity_milli * span), 4) if span > 0 else None,
+        "cycles": run.cycles, "decisions": run.decisions,
+    }
+    if timing and run.cycle_seconds:
+        cycle_ms = [1000 * s for s in run.cycle_seconds]
+        summary.update({"cycle_p50_ms": round(nearest_rank(cycle_ms, 50), 3),
+                        "cycle_p99_ms": round(nearest_rank(cycle_ms, 99), 3),
+                        "decisions_per_s": round(run.decisions / sum(run.cycle_seconds)) if run.decisions else 0})
+    return summary
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
