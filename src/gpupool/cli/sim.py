@@ -131,7 +131,7 @@ def demo(trace_dir: Path = typer.Option(Path("../shared/traces/alibaba-gpu-v2023
                              min(3, os.cpu_count() or 1), True, command)
     _print_summary([(out, summary)])
     console.print(f"\nReport: [bold]{out / 'report.md'}[/bold] (plots: {out}/alloc_*.png)\n"
-                  f"Next: all policies over ten seeds:\n  gpupool sim fill --nodes {nodes} --pods {pods} "
+                  f"Next: all policies over ten seeds:\n  {sys.argv[0]} sim fill --nodes {nodes} --pods {pods} "
                   f"--policy {','.join(PLACEMENT_PROFILES)} --seeds 42-51 --out sweep-out")
 
 

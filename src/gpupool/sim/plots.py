@@ -36,7 +36,8 @@ def line_plot(path: Path, curves: dict[str, Curve], title: str, xlabel: str,
         ax.plot(xs, ys, label=policy, linewidth=1.4)
     if diagonal:
         top = max(max(xs) for xs, _ in curves.values())
-        ax.plot([0, top], [0, min(top, 100)], color="grey", linestyle=":", linewidth=1, label="capacity bound")
+        knee = min(top, 100)
+        ax.plot([0, knee, top], [0, knee, knee], color="grey", linestyle=":", linewidth=1, label="capacity bound")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
