@@ -1,4 +1,5 @@
-"""Placement decisions per second at about 1k, 5k and 10k nodes, cached engine vs uncached evaluation."""
+"""Placement decisions per second of `fgd` and `best` at about 1k, 5k and 10k nodes, cached engine vs an
+uncached evaluation of every node per decision, measured in the same run."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.traces.openb import read_nodes, read_pods
 
 SCALES = (1, 4, 8)
+POLICIES = ("fgd", "best")
 BASELINE_DECISIONS = 300
 
 
@@ -47,19 +49,20 @@ def run(openb: Path, out: Path) -> None:
     base_nodes = read_nodes(openb / "openb_node_list_gpu_node.csv")
     pods = read_pods(openb / "openb_pod_list_default.csv")
     workload = Workload.from_shapes(p.shape for p in pods)
-    profile = placement_profile("fgd").with_args("fgd", workload=workload)
     results = []
-    for copies in SCALES:
+    for policy, copies in [(p, c) for p in POLICIES for c in SCALES]:
+        profile = placement_profile(policy).with_workload(workload)
         nodes = scaled(base_nodes, copies)
         capacity = sum(len(n.gpus) for n in nodes) * 1000
         order = tune(pods, capacity, Fraction(13, 10), random.Random(42))
         run_ = run_fill(nodes, order, profile, 42, FragModel(workload))
         rate = run_.decisions / run_.seconds
         baseline = uncached_rate(nodes, order, profile)
-        results.append({"nodes": len(nodes), "decisions": run_.decisions, "seconds": round(run_.seconds, 2),
+        results.append({"policy": policy, "nodes": len(nodes), "decisions": run_.decisions,
+                        "seconds": round(run_.seconds, 2),
                         "decisions_per_s": round(rate), "uncached_decisions_per_s": round(baseline, 1),
                         "speedup": round(rate / baseline, 1)})
-        print(f"fgd on {len(nodes):>6} nodes: {rate:8.0f} decisions/s over {run_.decisions} pods "
+        print(f"{policy:>5} on {len(nodes):>6} nodes: {rate:8.0f} decisions/s over {run_.decisions} pods "
               f"({run_.seconds:.1f} s); uncached baseline {baseline:7.1f}/s; ratio {rate / baseline:.0f}x")
     (out / "speed.json").write_text(json.dumps(results, indent=2) + "\n")
     print("command: make bench BENCH_ARGS='--suite speed'   (benchmarks/placement_speed.py, one core)")

@@ -17,13 +17,11 @@ SHAPES = [make_shape(250, cpu_milli=2000), make_shape(1000), make_shape(1000, gp
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["fgd", "bestfit", "gpupacking", "gpuclustering", "dotprod", "spread"]),
+@given(st.sampled_from(["fgd", "best", "bestfit", "gpupacking", "gpuclustering", "dotprod", "spread"]),
        st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=40), st.integers(0, 10_000))
 def test_cached_scores_match_fresh_evaluation(policy, arrivals, seed):
     table = table_of(*[make_node(f"n{i}", gpus=g, cpu_milli=16_000 * g) for i, g in enumerate([1, 2, 4, 8, 8])])
-    prof = placement_profile(policy)
-    if policy == "fgd":
-        prof = prof.with_args("fgd", workload=Workload.from_shapes(SHAPES))
+    prof = placement_profile(policy).with_workload(Workload.from_shapes(SHAPES))
     placer = Framework.build(prof, default_registry()).placer
     rng = random.Random(seed)
     for k in arrivals:

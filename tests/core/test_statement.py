@@ -26,10 +26,10 @@ def _world():
 
 
 def _view(ws: Workspace):
-    return list(ws.table.states), dict(ws.placed), set(ws.evicted)
+    return list(ws.table.states), dict(ws.overlay)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["alloc", "evict", "checkpoint", "rollback"]),
+ops = st.lists(st.tuples(st.sampled_from(["alloc", "evict", "move", "checkpoint", "rollback"]),
                          st.integers(0, 3), st.integers(0, 2)), max_size=25)
 
 
@@ -48,9 +48,20 @@ def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
             job = make_job(f"j{n}", shape)
             stmt.allocate(job, job.tasks[0], node_i, shares)
         elif op == "evict":
-            victims = [t for t in [*ws.snapshot.running.values(), *ws.placed.values()] if ws.running(t.task_id)]
+            victims = ws.running_tasks()
             if victims:
                 stmt.evict(victims[shape_i % len(victims)], "test")
+        elif op == "move":
+            movable = ws.running_tasks()
+            if movable:
+                task = movable[shape_i % len(movable)]
+                target = ws.table.states[node_i]
+                if task.node != ws.table.names[node_i] and task.shape.gpu_count <= len(
+                        fitting_gpus(target, task.shape)) and target.cpu_free >= task.shape.cpu_milli:
+                    gpus = fitting_gpus(target, task.shape)
+                    shares = (fraction_share(task.shape, gpus[0]) if task.shape.is_shared
+                              else lowest_whole_gpus(target, task.shape))
+                    stmt.move(task, node_i, shares)
         elif op == "checkpoint":
             saved.append((stmt.checkpoint(), _view(ws)))
         elif op == "rollback" and saved:
@@ -60,7 +71,7 @@ def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
     before = _world()
     stmt.discard()
     assert ws.table.states == before.nodes.states
-    assert ws.placed == {} and ws.evicted == set()
+    assert ws.overlay == {}
 
 
 def test_commit_keeps_changes_until_workspace_restore():

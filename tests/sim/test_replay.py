@@ -71,3 +71,19 @@ def test_replay_needs_time_columns(tmp_path):
            "--pods", str(tmp_path / "pods.csv"), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "column 'creation_time'" in result.stdout.replace("\n", "")
+
+
+def test_consolidation_in_replay_starts_the_blocked_job_and_is_reported():
+    from gpupool.sim.replay_report import run_summary
+    arrivals = [JobArrival(0, make_job("a", make_shape(1000), submitted_at=0), 100),
+                JobArrival(0, make_job("b", make_shape(1000), submitted_at=0), 100),
+                JobArrival(1, make_job("c", make_shape(1000, gpu_count=2), submitted_at=1), 10)]
+    nodes = [make_node("n1", gpus=2), make_node("n2", gpus=2)]
+    spread = placement_profile("spread")
+    plain = Replay(nodes, arrivals, spread, seed=1).run()
+    assert plain.records["c"].first_start == 100
+    moving = Replay(nodes, arrivals, spread.with_actions("allocate", "consolidate"), seed=1).run()
+    assert moving.records["c"].first_start == 1
+    assert moving.records["b"].end == 100 and moving.records["a"].end == 100  # moved, not restarted
+    summary = run_summary(moving, timing=False)
+    assert summary["migrations"] == 1 and summary["gpus_recovered_per_migration"] == 2.0

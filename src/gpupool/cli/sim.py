@@ -14,9 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool.core import PLACEMENT_PROFILES
+from gpupool.sim.bound import lp_bound
 from gpupool.sim.experiment import run_fill_sweep, run_replay_sweep
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.traces.errors import TraceError
+from gpupool.sim.traces.openb import read_nodes, read_pods
 
 app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
@@ -82,6 +84,37 @@ def fill(
 
 
 @app.command()
+def bound(
+    nodes: Path = typer.Option(..., help="node list CSV (openb format)"),
+    pods: list[Path] = typer.Option(..., help="pod list CSV (openb format); repeatable"),
+    demand: str = typer.Option("1.0,1.3", help="arrived demand levels (multiples of capacity), comma-separated"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """LP-relaxation upper bound on GPU allocation at each demand level (scipy HiGHS)."""
+    _existing(nodes, "--nodes")
+    levels = [_demand(d.strip()) for d in demand.split(",") if d.strip()]
+    try:
+        node_list = read_nodes(nodes)
+        results = [(p, level, lp_bound(node_list, [q.shape for q in read_pods(_existing(p, "--pods"))], level))
+                   for p in pods for level in levels]
+    except TraceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        console.print_json(json.dumps([{"pods": str(p), "demand": str(level), "bound_pct": round(b.pct, 3),
+                                        "bound_gpus": round(b.allocated_milli / 1000, 1),
+                                        "capacity_gpus": b.capacity_milli // 1000} for p, level, b in results]))
+        return
+    table = Table(title="LP upper bound on GPU allocation")
+    for column in ("pods", "demand", "bound (%)", "bound (GPUs)", "capacity (GPUs)"):
+        table.add_column(column)
+    for p, level, b in results:
+        table.add_row(p.name, f"{float(level):g}", f"{b.pct:.2f}", f"{b.allocated_milli / 1000:.1f}",
+                      str(b.capacity_milli // 1000))
+    console.print(table)
+
+
+@app.command()
 def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earlier runs"),
             as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Print the policies of one or more output folders side by side."""
@@ -99,7 +132,8 @@ def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earli
 
 def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
     table = Table(title="GPU allocation (%) by arrived demand, mean ± sd over seeds")
-    for column in ("run", "trace", "policy", "@100", "@130", "unallocated GPUs @130", "bound @130"):
+    for column in ("run", "trace", "policy", "@100", "@130", "unallocated GPUs @130", "LP bound @130",
+                   "gap GPUs @130"):
         table.add_column(column, justify="left" if column in ("run", "trace", "policy") else "right")
     for d, summary in loaded:
         traces = summary.get("traces", {})
@@ -111,7 +145,7 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
                 bound = b.get("lp_bound", b.get("capacity_bound", ""))
                 table.add_row(str(d), trace, policy, f"{a.get('mean', '')} ± {a.get('sd', '')}",
                               f"{b.get('mean', '')} ± {b.get('sd', '')}", str(b.get("unallocated_gpus", "")),
-                              str(bound))
+                              str(bound), str(b.get("gap_gpus_to_lp_bound", "")))
     console.print(table)
 
 
@@ -146,6 +180,9 @@ def replay(
     sample_s: float = typer.Option(3600.0, min=1.0, help="cluster sample period in simulated seconds"),
     jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="parallel processes"),
     timing: bool = typer.Option(True, help="record cycle latency and decisions/s (wall clock)"),
+    consolidate: bool = typer.Option(False, help="move preemptible/checkpointable tasks to start blocked jobs"),
+    max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
+    max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -154,18 +191,21 @@ def replay(
         _existing(p, "--pods")
     try:
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, tick_s, sample_s,
-                                   timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet)
+                                   timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet,
+                                   (max_moves_per_cycle, max_moves_per_hour) if consolidate else None)
     except TraceError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     table = Table(title="Replay: waits and allocation, mean over seeds")
-    for column in ("trace", "policy", "mean wait s", "p99 wait s", "GAR", "started", "cycle p99 ms"):
+    for column in ("trace", "policy", "mean wait s", "p99 wait s", "GAR", "started", "cycle p99 ms", "migrations/h",
+                   "GPUs per migration"):
         table.add_column(column)
     traces = summary["traces"]
     assert isinstance(traces, dict)
     for trace, policies in traces.items():
         for name, e in policies.items():
             table.add_row(trace, name, *(str(e.get(k, "")) for k in
-                                         ("mean_wait_s", "p99_wait_s", "gar_window", "started", "cycle_p99_ms")))
+                                         ("mean_wait_s", "p99_wait_s", "gar_window", "started", "cycle_p99_ms",
+                                          "migrations_per_hour", "gpus_recovered_per_migration")))
     console.print(table)
     console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")

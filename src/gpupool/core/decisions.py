@@ -33,7 +33,19 @@ class Evict:
     reason: str
 
 
-Decision = Bind | Evict
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Checkpoint `task_id` on `from_node` and resume it on `node` with `shares` (consolidation)."""
+
+    job_id: str
+    task_id: str
+    from_node: str
+    node: str
+    shape: TaskShape
+    shares: tuple[DeviceShare, ...]
+
+
+Decision = Bind | Evict | Move
 
 
 @dataclass(frozen=True, slots=True)

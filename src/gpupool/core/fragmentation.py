@@ -63,15 +63,23 @@ class Workload:
 
 
 class FragModel:
-    """F_n(M) for one workload, memoised by (model, free CPU, sorted free milli-GPU)."""
+    """F_n(M) for one workload, memoised by (model, free CPU, sorted free milli-GPU).
 
-    def __init__(self, workload: Workload) -> None:
+    With `strand_weight` > 0 it adds CPU stranding: the idle milli-GPU that the node's free CPU could
+    not feed at the workload's mean CPU per GPU (`cpu_per_gpu`, milli-CPU per milli-GPU over GPU
+    classes), times the weight. Plain FGD (and the fragmentation metric) use weight 0.
+    """
+
+    def __init__(self, workload: Workload, strand_weight: float = 0.0) -> None:
         self.workload = workload
+        self.strand_weight = strand_weight
         gpu = [(c, p) for c, p in zip(workload.classes, workload.popularity, strict=True) if c.gpu_milli]
         self._cpu_only_p = sum(p for c, p in zip(workload.classes, workload.popularity, strict=True)
                                if not c.gpu_milli)
         self._gpu_classes = tuple((c.cpu_milli, c.gpu_milli, c.gpu_count, frozenset(c.gpu_models), p)
                                   for c, p in gpu)
+        gpu_demand = sum(p * c.gpu_milli * c.gpu_count for c, p in gpu)
+        self.cpu_per_gpu = sum(p * c.cpu_milli for c, p in gpu) / gpu_demand if gpu_demand else 0.0
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     def frag(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
@@ -99,5 +107,7 @@ class FragModel:
                 total += p * idle
             else:
                 total += p * sum(r for r in free if r < milli)
+        if self.strand_weight and self.cpu_per_gpu:
+            total += self.strand_weight * max(0.0, idle - cpu_free / self.cpu_per_gpu)
         return total
 

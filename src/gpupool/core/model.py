@@ -125,6 +125,7 @@ class JobSpec:
     priority: int = 0
     submitted_at: float = 0.0
     preemptible: bool = True
+    checkpointable: bool = False
     runtime_limit_s: float | None = None
     runtime_estimate_s: float | None = None
     user: str = ""

@@ -8,7 +8,7 @@ extension points (FGD scores and picks devices) is built once and shared.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gpupool.core.framework import (
@@ -25,6 +25,10 @@ from gpupool.core.registry import Registry
 P = TypeVar("P", bound=Plugin)
 
 
+#: Plugins that need a target workload (`args[plugin]["workload"]`); see `Profile.with_workload`.
+WORKLOAD_AWARE = frozenset({"fgd", "strand_aware"})
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -36,11 +40,26 @@ class Profile:
     tie_break: TieBreak = "name"
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
+    @property
+    def workload_plugins(self) -> tuple[str, ...]:
+        """The workload-aware plugins this profile uses."""
+        names = {n for n, _ in self.scores} | {self.devices}
+        return tuple(sorted(names & WORKLOAD_AWARE))
+
+    def with_workload(self, workload: Any) -> Profile:
+        """A copy whose workload-aware plugins all get `workload` (a `Workload`)."""
+        profile = self
+        for name in self.workload_plugins:
+            profile = profile.with_args(name, workload=workload)
+        return profile
+
     def with_args(self, plugin: str, **kwargs: Any) -> Profile:
-        """A copy whose `plugin` gets `kwargs` merged into its arguments."""
+        """A copy whose plugin (or action) `plugin` gets `kwargs` merged into its arguments."""
         merged = {**self.args, plugin: {**self.args.get(plugin, {}), **kwargs}}
-        return Profile(self.name, self.actions, self.queue_order, self.filters, self.scores, self.devices,
-                       self.tie_break, merged)
+        return replace(self, args=merged)
+
+    def with_actions(self, *actions: str) -> Profile:
+        return replace(self, actions=tuple(actions))
 
 
 def _placement(name: str, score: str, devices: str, tie_break: TieBreak = "name") -> Profile:
@@ -56,10 +75,11 @@ PLACEMENT_PROFILES: dict[str, Profile] = {
     "bestfit": _placement("bestfit", "bestfit", "best_fit"),
     "fgd": _placement("fgd", "fgd", "fgd"),
     "spread": _placement("spread", "spread", "worst_fit"),
+    "strand_aware": _placement("strand_aware", "strand_aware", "strand_aware"),
 }
+#: gpupool's recommended placement policy, selectable as `best`.
+PLACEMENT_PROFILES["best"] = _placement("best", "strand_aware", "strand_aware")
 
-#: Policies that need a target workload (`args[policy]["workload"]`).
-WORKLOAD_AWARE = frozenset({"fgd"})
 
 
 def placement_profile(policy: str) -> Profile:
@@ -90,7 +110,7 @@ class Framework:
                 raise ValueError(f"profile {profile.name}: {field_name}: {name!r} is not a {kind.__name__}")
             return plugin
 
-        unknown = set(profile.args) - set(registry.plugins)
+        unknown = set(profile.args) - set(registry.plugins) - set(profile.actions)
         if unknown:
             raise ValueError(f"profile {profile.name}: args: unknown plugins {sorted(unknown)}")
         placer = Placer(
@@ -99,5 +119,5 @@ class Framework:
             get(profile.devices, DevicePlugin, "devices"),
             profile.tie_break,
         )
-        actions = [registry.create_action(n) for n in profile.actions]
+        actions = [registry.create_action(n, profile.args.get(n, {})) for n in profile.actions]
         return cls(profile, actions, get(profile.queue_order, QueueOrderPlugin, "queue_order"), placer)

@@ -8,6 +8,7 @@ from importlib import metadata
 from typing import Any
 
 from gpupool.core.actions.allocate import AllocateAction
+from gpupool.core.actions.consolidate import ConsolidateAction
 from gpupool.core.framework import Action, Plugin
 from gpupool.core.plugins.devices.best_fit import BestFitDevices
 from gpupool.core.plugins.devices.random_gpu import RandomDevices
@@ -21,6 +22,7 @@ from gpupool.core.plugins.score.gpuclustering import GpuClusteringScore
 from gpupool.core.plugins.score.gpupacking import GpuPackingScore
 from gpupool.core.plugins.score.random import RandomScore
 from gpupool.core.plugins.score.spread import SpreadScore
+from gpupool.core.plugins.score.strand_aware import StrandAwarePolicy
 
 Factory = Callable[..., Any]
 
@@ -54,20 +56,24 @@ class Registry:
         assert isinstance(plugin, Plugin)
         return plugin
 
-    def create_action(self, name: str) -> Action:
+    def create_action(self, name: str, args: Mapping[str, Any]) -> Action:
         if name not in self.actions:
             raise ValueError(f"unknown action {name!r}; known: {', '.join(sorted(self.actions))}")
-        action = self.actions[name]()
+        try:
+            action = self.actions[name](**args)
+        except TypeError as exc:
+            raise ValueError(f"action {name!r}: bad arguments: {exc}") from None
         assert isinstance(action, Action)
         return action
 
 
 _IN_TREE: tuple[type[Plugin] | type[Action], ...] = (
-    AllocateAction,
+    AllocateAction, ConsolidateAction,
     GpuFitFilter,
     FifoQueueOrder,
     BestFitDevices, WorstFitDevices, RandomDevices,
     RandomScore, BestFitScore, DotProdScore, GpuPackingScore, GpuClusteringScore, FgdPolicy, SpreadScore,
+    StrandAwarePolicy,
 )
 
 

@@ -29,6 +29,12 @@ class RunningTask:
     priority: int = 0
     preemptible: bool = True
     started_at: float = 0.0
+    checkpointable: bool = False
+
+    @property
+    def is_movable(self) -> bool:
+        """Consolidation may move only tasks that may be preempted or can be checkpointed."""
+        return self.preemptible or self.checkpointable
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,3 +44,5 @@ class ClusterSnapshot:
     running: Mapping[str, RunningTask] = field(default_factory=lambda: MappingProxyType({}))
     generation: int = 0
     taken_at: float = 0.0
+    #: times of task moves (consolidation) the driver made recently, for per-hour budgets
+    recent_moves: tuple[float, ...] = ()

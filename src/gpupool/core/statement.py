@@ -15,42 +15,45 @@ Used as a context manager it discards on exit unless committed. Invariant (prope
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import Enum
 from types import TracebackType
 
-from gpupool.core.decisions import Bind, Decision, Evict
+from gpupool.core.decisions import Bind, Decision, Evict, Move
 from gpupool.core.model import DeviceShare, JobSpec, TaskSpec
 from gpupool.core.nodes import NodeState
 from gpupool.core.snapshot import ClusterSnapshot, RunningTask
 
-_NODE, _PLACED, _EVICTED = 0, 1, 2
+_NODE, _TASK = 0, 1
+_ABSENT = object()
 
 
 class Workspace:
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self.snapshot = snapshot
         self.table = snapshot.nodes
-        self.placed: dict[str, RunningTask] = {}
-        self.evicted: set[str] = set()
+        #: task id -> the task as it runs now in this cycle, or None when evicted in this cycle
+        self.overlay: dict[str, RunningTask | None] = {}
         self.journal: list[tuple[int, object, object]] = []
 
     def running(self, task_id: str) -> RunningTask | None:
-        """A task running as of now in this cycle (placed here, or running and not evicted)."""
-        if task_id in self.evicted:
-            return None
-        return self.placed.get(task_id) or self.snapshot.running.get(task_id)
+        """A task running as of now in this cycle (placed or moved here, or running and not evicted)."""
+        if task_id in self.overlay:
+            return self.overlay[task_id]
+        return self.snapshot.running.get(task_id)
+
+    def running_tasks(self) -> list[RunningTask]:
+        """Every task running as of now in this cycle, in task-id order."""
+        ids = set(self.snapshot.running) | set(self.overlay)
+        return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
 
     def set_node(self, i: int, state: NodeState) -> None:
         self.journal.append((_NODE, i, self.table.states[i]))
         self.table.set_state(i, state)
 
-    def add_placed(self, task: RunningTask) -> None:
-        self.journal.append((_PLACED, task.task_id, None))
-        self.placed[task.task_id] = task
-
-    def add_evicted(self, task_id: str) -> None:
-        self.journal.append((_EVICTED, task_id, None))
-        self.evicted.add(task_id)
+    def set_task(self, task_id: str, task: RunningTask | None) -> None:
+        self.journal.append((_TASK, task_id, self.overlay.get(task_id, _ABSENT)))
+        self.overlay[task_id] = task
 
     def undo_to(self, mark: int) -> None:
         """Undo journal entries after position `mark`, newest first."""
@@ -59,10 +62,11 @@ class Workspace:
             if kind == _NODE:
                 assert isinstance(key, int) and isinstance(old, NodeState)
                 self.table.set_state(key, old)
-            elif kind == _PLACED:
-                self.placed.pop(str(key))
+            elif old is _ABSENT:
+                del self.overlay[str(key)]
             else:
-                self.evicted.discard(str(key))
+                assert old is None or isinstance(old, RunningTask)
+                self.overlay[str(key)] = old
 
     def restore(self) -> None:
         self.undo_to(0)
@@ -96,8 +100,8 @@ class Statement:
         table = self.ws.table
         self.ws.set_node(node, table.states[node].take(task.shape, shares))
         name = table.names[node]
-        self.ws.add_placed(RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority,
-                                       job.preemptible, self.now))
+        self.ws.set_task(task.id, RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority,
+                                              job.preemptible, self.now, job.checkpointable))
         self._ops.append(Bind(job.id, task.id, name, task.shape, shares))
 
     def evict(self, task: RunningTask, reason: str) -> None:
@@ -105,8 +109,25 @@ class Statement:
         self._check_open()
         i = self.ws.table.index[task.node]
         self.ws.set_node(i, self.ws.table.states[i].give(task.shape, task.shares))
-        self.ws.add_evicted(task.task_id)
+        self.ws.set_task(task.task_id, None)
         self._ops.append(Evict(task.job_id, task.task_id, task.node, reason))
+
+    def move(self, task: RunningTask, node: int, shares: tuple[DeviceShare, ...]) -> RunningTask:
+        """Move a running `task` to node index `node`; returns the task as placed there."""
+        self._check_open()
+        table = self.ws.table
+        old = table.index[task.node]
+        self.ws.set_node(old, table.states[old].give(task.shape, task.shares))
+        self.ws.set_node(node, table.states[node].take(task.shape, shares))
+        moved = replace(task, node=table.names[node], shares=shares)
+        self.ws.set_task(task.task_id, moved)
+        self._ops.append(Move(task.job_id, task.task_id, task.node, moved.node, task.shape, shares))
+        return moved
+
+    def set_schedulable(self, node: int, schedulable: bool) -> None:
+        """Fence a node off (or back on) for the rest of this statement, e.g. while making room on it."""
+        self._check_open()
+        self.ws.set_node(node, self.ws.table.states[node].with_schedulable(schedulable))
 
     def checkpoint(self) -> tuple[int, int]:
         return (len(self.ws.journal), len(self._ops))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from gpupool.core import ApplyReport, Bind, ClusterSnapshot, Decision, Evict, JobSpec, NodeSpec, NodeTable, RunningTask
+from gpupool.core.decisions import Move
 
 
 class SimCluster:
@@ -17,8 +19,9 @@ class SimCluster:
         self.allocated_gpu_milli = 0
         self.generation = 0
 
-    def snapshot(self, pending: tuple[JobSpec, ...], now: float) -> ClusterSnapshot:
-        return ClusterSnapshot(self.table, pending, self.running, self.generation, now)
+    def snapshot(self, pending: tuple[JobSpec, ...], now: float,
+                 recent_moves: tuple[float, ...] = ()) -> ClusterSnapshot:
+        return ClusterSnapshot(self.table, pending, self.running, self.generation, now, recent_moves)
 
     def apply(self, decisions: list[Decision], now: float = 0.0, jobs: dict[str, JobSpec] | None = None) -> ApplyReport:
         """Apply binds and evictions in order. Every decision of a cycle applies (the simulator has no races)."""
@@ -27,6 +30,8 @@ class SimCluster:
                 self._bind(decision, now, jobs)
             elif isinstance(decision, Evict):
                 self._evict(decision)
+            else:
+                self._move(decision)
         self.generation += 1
         return ApplyReport(tuple(decisions))
 
@@ -37,8 +42,16 @@ class SimCluster:
         self.running[bind.task_id] = RunningTask(
             bind.task_id, bind.job_id, bind.node, bind.shape, bind.shares,
             job.queue if job else "default", job.priority if job else 0,
-            job.preemptible if job else True, now)
+            job.preemptible if job else True, now, job.checkpointable if job else False)
         self.allocated_gpu_milli += bind.shape.total_gpu_milli
+
+    def _move(self, move: Move) -> None:
+        """The task keeps running (checkpoint and resume) on its new node and devices."""
+        task = self.release(move.task_id)
+        i = self.table.index[move.node]
+        self.table.set_state(i, self.table.states[i].take(move.shape, move.shares))
+        self.running[move.task_id] = replace(task, node=move.node, shares=move.shares)
+        self.allocated_gpu_milli += move.shape.total_gpu_milli
 
     def _evict(self, evict: Evict) -> None:
         self.release(evict.task_id)

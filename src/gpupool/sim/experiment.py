@@ -13,9 +13,10 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from gpupool.core import WORKLOAD_AWARE, JobSpec, NodeSpec, TaskSpec, Workload, placement_profile
+from gpupool.core import JobSpec, NodeSpec, TaskSpec, Workload, placement_profile
 from gpupool.core.fragmentation import FragModel
 from gpupool.sim import fill_report, plots, replay_report
+from gpupool.sim.bound import lp_bound
 from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
@@ -54,9 +55,7 @@ def fill_task(task: FillTask) -> list[dict[str, str]]:
     workload = Workload.from_shapes(p.shape for p in pods)
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     order = tune(pods, capacity, task.demand, random.Random(task.seed))
-    profile = placement_profile(task.policy)
-    if task.policy in WORKLOAD_AWARE:
-        profile = profile.with_args(task.policy, workload=workload)
+    profile = placement_profile(task.policy).with_workload(workload)
     run = run_fill(nodes, order, profile, task.seed, FragModel(workload))
     target = int(task.demand * 100)
     return fill_report.fill_rows(trace_name(task.pods), task.policy, task.seed, run, target, task.timing)
@@ -64,14 +63,16 @@ def fill_task(task: FillTask) -> list[dict[str, str]]:
 
 def summary_table(summary: dict[str, dict[str, dict[str, object]]]) -> str:
     """Markdown: one row per trace and policy with mean +/- sd at 100 % and 130 % arrived."""
-    head = "| trace | policy | alloc @100 (%) | alloc @130 (%) | unallocated GPUs @130 | ratio to bound @130 |"
-    lines = [head, "|---|---|---:|---:|---:|---:|"]
+    head = ("| trace | policy | alloc @100 (%) | alloc @130 (%) | unallocated GPUs @130 | LP bound @130 (%) "
+            "| ratio to bound @130 | gap to bound @130 (GPUs) |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
     for trace, policies in summary.items():
         for policy, levels in policies.items():
             a, b = levels.get("at_100", {}), levels.get("at_130", {})
-            ratio = b.get("ratio_to_lp_bound", b.get("ratio_to_capacity_bound", ""))
             lines.append(f"| {trace} | {policy} | {a.get('mean', '')} ± {a.get('sd', '')} | "
-                         f"{b.get('mean', '')} ± {b.get('sd', '')} | {b.get('unallocated_gpus', '')} | {ratio} |")
+                         f"{b.get('mean', '')} ± {b.get('sd', '')} | {b.get('unallocated_gpus', '')} | "
+                         f"{b.get('lp_bound', '')} | {b.get('ratio_to_lp_bound', '')} | "
+                         f"{b.get('gap_gpus_to_lp_bound', '')} |")
     return "\n".join(lines)
 
 
@@ -84,8 +85,12 @@ def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: li
              for p in pods for policy in policies for seed in seeds]
     rows = [row for rows in run_all(fill_task, tasks, jobs, "fill runs", quiet) for row in rows]
     fill_report.write_results(out, rows)
-    total_gpus = sum(len(n.gpus) for n in load_nodes(str(nodes)))
-    summary = fill_report.summarise(rows, {trace_name(p): total_gpus for p in pods})
+    node_list = load_nodes(str(nodes))
+    total_gpus = sum(len(n.gpus) for n in node_list)
+    bounds = {(trace_name(p), level): lp_bound(node_list, [q.shape for q in load_pods(str(p))],
+                                                Fraction(level, 100)).pct
+              for p in pods for level in fill_report.SUMMARY_LEVELS}
+    summary = fill_report.summarise(rows, {trace_name(p): total_gpus for p in pods}, bounds)
     document = {"protocol": "fill", "demand": str(demand), "seeds": seeds, "command": command,
                 "nodes": str(nodes), "total_gpus": total_gpus, "traces": summary}
     fill_report.write_summary(out, document)
@@ -103,6 +108,7 @@ class ReplayTask:
     tick_s: float
     sample_s: float
     timing: bool
+    consolidate: tuple[int, int] | None = None
 
 
 def openb_arrivals(pods: list[Pod]) -> list[JobArrival]:
@@ -121,8 +127,12 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     pods = list(load_pods(task.pods))
     require_times(task.pods, pods)
     profile = placement_profile(task.policy)
-    if task.policy in WORKLOAD_AWARE:
-        profile = profile.with_args(task.policy, workload=Workload.from_shapes(p.shape for p in pods))
+    if profile.workload_plugins:
+        profile = profile.with_workload(Workload.from_shapes(p.shape for p in pods))
+    if task.consolidate is not None:
+        per_cycle, per_hour = task.consolidate
+        profile = profile.with_actions(*profile.actions, "consolidate").with_args(
+            "consolidate", max_moves_per_cycle=per_cycle, max_moves_per_hour=per_hour)
     run = Replay(nodes, openb_arrivals(pods), profile, task.seed, task.tick_s, task.sample_s).run()
     trace = trace_name(task.pods)
     return (replay_report.sample_rows(trace, task.policy, task.seed, run),
@@ -139,7 +149,8 @@ def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[s
     for (trace, policy), items in sorted(grouped.items()):
         entry: dict[str, object] = {"seeds": len(items)}
         for key in ("mean_wait_s", "p50_wait_s", "p99_wait_s", "gar_window", "started", "preemptions",
-                    "cycle_p50_ms", "cycle_p99_ms", "decisions_per_s"):
+                    "cycle_p50_ms", "cycle_p99_ms", "decisions_per_s", "migrations", "migrations_per_hour",
+                    "gpus_recovered_per_migration"):
             values = [float(i[key]) for i in items if i.get(key) is not None]  # type: ignore[arg-type]
             if values:
                 entry[key] = round(sum(values) / len(values), 4)
@@ -148,12 +159,12 @@ def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[s
 
 
 def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], out: Path, jobs: int,
-                     tick_s: float, sample_s: float, timing: bool, command: str,
-                     quiet: bool = False) -> dict[str, object]:
+                     tick_s: float, sample_s: float, timing: bool, command: str, quiet: bool = False,
+                     consolidate: tuple[int, int] | None = None) -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = [ReplayTask(str(nodes), str(p), policy, seed, tick_s, sample_s, timing)
+    tasks = [ReplayTask(str(nodes), str(p), policy, seed, tick_s, sample_s, timing, consolidate)
              for p in pods for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
     samples = [row for s, _, _ in results for row in s]

@@ -12,7 +12,19 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpupool.core import Bind, Evict, Framework, JobSpec, NodeSpec, PendingReason, Profile, default_registry, run_cycle
+from gpupool.core import (
+    Bind,
+    Decision,
+    Evict,
+    Framework,
+    JobSpec,
+    NodeSpec,
+    PendingReason,
+    Profile,
+    default_registry,
+    run_cycle,
+)
+from gpupool.core.decisions import Move
 from gpupool.core.metrics import cluster_figures
 from gpupool.sim.cluster import SimCluster
 from gpupool.sim.engine import Engine, SimClock
@@ -66,6 +78,9 @@ class ReplayRun:
     decisions: int
     seconds: float
     cycle_seconds: list[float] = field(default_factory=list)
+    moves: int = 0
+    #: milli-GPU of jobs started in cycles that moved tasks to make room
+    recovered_milli: int = 0
 
 
 class Replay:
@@ -90,6 +105,8 @@ class Replay:
         self._area_t = 0.0
         self.cycles = self.decisions = 0
         self.cycle_seconds: list[float] = []
+        self.move_times: list[float] = []
+        self.recovered_milli = 0
 
     def run(self) -> ReplayRun:
         if not self.arrivals:
@@ -104,7 +121,7 @@ class Replay:
         self._integrate()
         return ReplayRun(self.records, self.samples, start, self.engine.now, self._area,
                          self.cluster.capacity_gpu_milli, self.cycles, self.decisions, time.perf_counter() - wall,
-                         self.cycle_seconds)
+                         self.cycle_seconds, len(self.move_times), self.recovered_milli)
 
     # 1. events --------------------------------------------------------------------------------
 
@@ -147,7 +164,8 @@ class Replay:
         if not self.pending:
             return
         now = self.engine.now
-        snapshot = self.cluster.snapshot(tuple(self.pending.values()), now)
+        recent = tuple(t for t in self.move_times if now - t < 3600)
+        snapshot = self.cluster.snapshot(tuple(self.pending.values()), now, recent)
         wall = time.perf_counter()
         result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
         self.cycle_seconds.append(time.perf_counter() - wall)
@@ -159,9 +177,16 @@ class Replay:
         for job_id, reason in result.pending.items():
             self.records[job_id].last_reason = reason
 
-    def _apply_effects(self, decisions: tuple[Bind | Evict, ...], now: float) -> None:
+    def _apply_effects(self, decisions: tuple[Decision, ...], now: float) -> None:
+        moves = sum(1 for d in decisions if isinstance(d, Move))
+        self.move_times.extend([now] * moves)
+        if moves:
+            started = {d.job_id for d in decisions if isinstance(d, Bind) and d.job_id in self.pending}
+            self.recovered_milli += sum(self.records[j].gpus_milli for j in started)
         for decision in decisions:
             record = self.records[decision.job_id]
+            if isinstance(decision, Move):
+                continue  # the task keeps running elsewhere; its completion time stands
             if isinstance(decision, Evict):
                 if record.start is not None and record.end is None:
                     self._requeue(record)

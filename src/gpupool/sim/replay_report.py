@@ -59,6 +59,9 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
         "jwtd_buckets": histogram(waits, WAIT_BUCKETS_S),
         "gar_window": round(run.allocated_area / (run.capacity_milli * span), 4) if span > 0 else None,
         "cycles": run.cycles, "decisions": run.decisions,
+        "migrations": run.moves,
+        "migrations_per_hour": round(3600 * run.moves / span, 3) if span > 0 else None,
+        "gpus_recovered_per_migration": round(run.recovered_milli / 1000 / run.moves, 3) if run.moves else None,
     }
     if timing and run.cycle_seconds:
         cycle_ms = [1000 * s for s in run.cycle_seconds]

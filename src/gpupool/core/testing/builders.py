@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpupool.core.model import GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
+from gpupool.core.model import DeviceShare, GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
 from gpupool.core.nodes import NodeState, NodeTable
+from gpupool.core.snapshot import RunningTask
 
 
 def make_node(name: str = "n1", gpus: int = 2, model: str = "A100", cpu_milli: int = 64_000,
@@ -40,3 +41,21 @@ def table_of(*nodes: NodeSpec | tuple[NodeSpec, Sequence[int]] | tuple[NodeSpec,
         cpu = n[2] if len(n) == 3 else empty.cpu_free
         table.set_state(i, NodeState(cpu, empty.memory_free, tuple(n[1]), empty.gpu_memory_free))
     return table
+
+
+def run_on(table: NodeTable, running: dict[str, RunningTask], node: str, task_id: str, shape: TaskShape,
+           gpus: Sequence[int] = (), preemptible: bool = True, checkpointable: bool = False,
+           queue: str = "default", priority: int = 0, started_at: float = 0.0) -> RunningTask:
+    """Put a running task on `node` (on GPU indices `gpus`, default the lowest that fit) and into `running`."""
+    i = table.index[node]
+    state = table.states[i]
+    if gpus:
+        shares = tuple(DeviceShare(g, shape.gpu_milli, shape.gpu_memory_mib) for g in gpus)
+    else:
+        fitting = [g for g, free in enumerate(state.gpu_free) if free >= shape.gpu_milli]
+        shares = tuple(DeviceShare(g, shape.gpu_milli, shape.gpu_memory_mib) for g in fitting[: shape.gpu_count])
+    table.set_state(i, state.take(shape, shares))
+    task = RunningTask(task_id, task_id.split("/")[0], node, shape, shares, queue, priority, preemptible,
+                       started_at, checkpointable)
+    running[task_id] = task
+    return task

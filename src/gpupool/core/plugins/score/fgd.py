@@ -27,7 +27,11 @@ class FgdPolicy(ScorePlugin, DevicePlugin):
     name = "fgd"
 
     def __init__(self, workload: Workload) -> None:
-        self.frag = FragModel(workload)
+        self.frag = self.frag_model(workload)
+
+    def frag_model(self, workload: Workload) -> FragModel:
+        """The fragmentation measure this policy descends (plain FGD: F_n(M))."""
+        return FragModel(workload)
 
     def score(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
         return self._best(kind, state, shape)[0]
