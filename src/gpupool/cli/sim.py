@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpupool.core import PLACEMENT_PROFILES
+from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
 from gpupool.sim.bound import lp_bound
-from gpupool.sim.experiment import run_fill_sweep, run_replay_sweep
+from gpupool.sim.experiment import ReplayOptions, run_fill_sweep, run_replay_sweep
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.traces.errors import TraceError
 from gpupool.sim.traces.openb import read_nodes, read_pods
@@ -31,6 +31,19 @@ def _policies(text: str) -> list[str]:
         raise typer.BadParameter(f"unknown policy {unknown[0] if unknown else text!r}; "
                                  f"choose from {', '.join(PLACEMENT_PROFILES)}", param_hint="--policy")
     return names
+
+
+def _profiles(text: str | None, queues: Path | None) -> tuple[str | None, ...]:
+    if text is None:
+        return (None,)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in SCHEDULING_PROFILES]
+    if not names or unknown:
+        raise typer.BadParameter(f"unknown profile {unknown[0] if unknown else text!r}; "
+                                 f"choose from {', '.join(SCHEDULING_PROFILES)}", param_hint="--profile")
+    if queues is None:
+        raise typer.BadParameter("multi-tenant profiles need --queues", param_hint="--profile")
+    return tuple(names)
 
 
 def _demand(text: str) -> Fraction:
@@ -173,7 +186,7 @@ def demo(trace_dir: Path = typer.Option(Path("../shared/traces/alibaba-gpu-v2023
 def replay(
     nodes: Path = typer.Option(..., help="node list CSV (openb format)"),
     pods: list[Path] = typer.Option(..., help="pod list CSV with creation/deletion times; repeatable"),
-    policy: str = typer.Option("fgd", help="placement policies, comma-separated"),
+    policy: str = typer.Option("best", help="placement policies, comma-separated"),
     seeds: str = typer.Option("42", help="seeds: 42-51 or 1,2,3"),
     out: Path = typer.Option(Path("sim-out"), help="output folder"),
     tick_s: float = typer.Option(0.0, min=0.0, help="at most one scheduling cycle per this many simulated seconds"),
@@ -183,22 +196,33 @@ def replay(
     consolidate: bool = typer.Option(False, help="move preemptible/checkpointable tasks to start blocked jobs"),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
+    queues: Path | None = typer.Option(None, help="queue tree YAML (see README); enables quotas and fair share"),
+    assign: str = typer.Option("hash", help="how jobs map to leaf queues: hash (stable hash of the name) or "
+                               "column (the pod list's queue column)"),
+    profile: str | None = typer.Option(None, help="multi-tenant profiles, comma-separated: "
+                                       + ", ".join(SCHEDULING_PROFILES)),
+    time_scale: float = typer.Option(1.0, min=1e-6, help="divide arrival times by this (raises the load)"),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
     _existing(nodes, "--nodes")
     for p in pods:
         _existing(p, "--pods")
+    if queues is not None:
+        _existing(queues, "--queues")
+    if assign not in ("hash", "column"):
+        raise typer.BadParameter("must be hash or column", param_hint="--assign")
+    options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
+                            else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale)
     try:
-        summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, tick_s, sample_s,
-                                   timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet,
-                                   (max_moves_per_cycle, max_moves_per_hour) if consolidate else None)
+        summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
+                                   shlex.join(["gpupool", *sys.argv[1:]]), quiet)
     except TraceError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     table = Table(title="Replay: waits and allocation, mean over seeds")
     for column in ("trace", "policy", "mean wait s", "p99 wait s", "GAR", "started", "cycle p99 ms", "migrations/h",
-                   "GPUs per migration"):
+                   "GPUs per migration", "quota violations", "fair-share worst dev %"):
         table.add_column(column)
     traces = summary["traces"]
     assert isinstance(traces, dict)
@@ -206,6 +230,50 @@ def replay(
         for name, e in policies.items():
             table.add_row(trace, name, *(str(e.get(k, "")) for k in
                                          ("mean_wait_s", "p99_wait_s", "gar_window", "started", "cycle_p99_ms",
-                                          "migrations_per_hour", "gpus_recovered_per_migration")))
+                                          "migrations_per_hour", "gpus_recovered_per_migration", "quota_violations",
+                                          "fair_share_max_deviation_pct")))
     console.print(table)
     console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")
+
+
+@app.command()
+def generate(
+    nodes: Path = typer.Option(..., help="node list CSV: the cluster the load is computed for"),
+    queues: Path = typer.Option(..., help="queue tree YAML; jobs go to its leaf queues"),
+    out: Path = typer.Option(Path("workload.csv"), help="pod list CSV to write (openb format + queue columns)"),
+    source: Path = typer.Option(Path("../shared/traces/alibaba-gpu-v2023/openb_pod_list_default.csv"),
+                                help="pod list whose shapes and durations are drawn"),
+    shares: str = typer.Option("", help="tenant shares, e.g. vision=0.4,nlp=0.3 (default: equal)"),
+    load: float = typer.Option(0.9, help="offered load: requested GPU-seconds per second over cluster GPUs"),
+    days: float = typer.Option(3.0, help="length of the arrival window in days"),
+    gang_share: float = typer.Option(0.05, help="share of jobs that are gangs of 2-8 tasks"),
+    limit_share: float = typer.Option(0.5, help="share of jobs with a runtime limit (1-3x their duration)"),
+    seed: int = typer.Option(0, help="random seed"),
+) -> None:
+    """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load."""
+    from gpupool.sim.generate import WorkloadSpec
+    from gpupool.sim.generate import generate as write_workload
+    from gpupool.sim.tenants import load_queues
+
+    _existing(nodes, "--nodes")
+    _existing(queues, "--queues")
+    _existing(source, "--source")
+    try:
+        tree = load_queues(queues)
+        leaves = tree.leaves
+        weights = {leaf: 1.0 for leaf in leaves}
+        for part in filter(None, (p.strip() for p in shares.split(","))):
+            name, _, value = part.partition("=")
+            if name not in weights:
+                raise typer.BadParameter(f"{name!r} is not a leaf queue of {queues}", param_hint="--shares")
+            weights[name] = float(value)
+        spec = WorkloadSpec(load=load, days=days, gang_share=gang_share, limit_share=limit_share, seed=seed)
+        capacity = sum(len(n.gpus) for n in read_nodes(nodes))
+        count = write_workload(read_pods(source), capacity, weights, spec, out)
+    except (TraceError, ValueError) as exc:
+        if isinstance(exc, typer.BadParameter):
+            raise
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {count} jobs to {out}\nnext: {sys.argv[0]} sim replay --nodes {nodes} --pods {out} "
+                  f"--queues {queues} --assign column --profile fifo,default --out replay-out")

@@ -10,15 +10,56 @@ from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.fragmentation import FragModel, TaskClass, Workload
 from gpupool.core.model import DeviceShare, GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
 from gpupool.core.nodes import NodeKind, NodeState, NodeTable
-from gpupool.core.profile import PLACEMENT_PROFILES, WORKLOAD_AWARE, Framework, Profile, placement_profile
+from gpupool.core.profile import (
+    PLACEMENT_PROFILES,
+    SCHEDULING_PROFILES,
+    WORKLOAD_AWARE,
+    Framework,
+    Profile,
+    placement_profile,
+    scheduling_profile,
+)
+from gpupool.core.queues import QueueSpec, QueueTree
 from gpupool.core.registry import Registry, default_registry
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot, RunningTask
 
 __all__ = [
-    "PLACEMENT_PROFILES", "WORKLOAD_AWARE", "ApplyReport", "Bind", "Clock", "ClusterSnapshot", "CycleResult",
-    "Decision", "DecisionSink", "DeviceShare", "Evict", "FixedClock", "FragModel", "Framework", "GpuDevice",
-    "JobSpec", "NodeKind", "NodeSpec", "NodeState", "NodeTable", "PendingKind", "PendingReason", "Profile",
-    "Registry", "ResourceVector", "RunningTask", "TaskClass", "TaskShape", "TaskSpec", "Workload",
-    "default_registry", "placement_profile", "run_cycle",
+    "ApplyReport",
+    "Bind",
+    "Clock",
+    "ClusterSnapshot",
+    "CycleResult",
+    "Decision",
+    "DecisionSink",
+    "DeviceShare",
+    "Evict",
+    "FixedClock",
+    "FragModel",
+    "Framework",
+    "GpuDevice",
+    "JobSpec",
+    "NodeKind",
+    "NodeSpec",
+    "NodeState",
+    "NodeTable",
+    "PLACEMENT_PROFILES",
+    "PendingKind",
+    "PendingReason",
+    "Profile",
+    "QueueSpec",
+    "QueueTree",
+    "Registry",
+    "ResourceVector",
+    "RunningTask",
+    "SCHEDULING_PROFILES",
+    "TaskClass",
+    "TaskShape",
+    "TaskSpec",
+    "WORKLOAD_AWARE",
+    "Workload",
+    "default_registry",
+    "placement_profile",
+    "run_cycle",
+    "scheduling_profile",
 ]

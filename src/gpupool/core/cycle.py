@@ -7,8 +7,9 @@ restored, so the caller gets its snapshot back unchanged and applies the decisio
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpupool.core.clock import Clock
@@ -16,8 +17,12 @@ from gpupool.core.decisions import Decision
 from gpupool.core.diagnostics import PendingReason
 from gpupool.core.model import JobSpec
 from gpupool.core.profile import Framework
+from gpupool.core.queues import GPU_UNITS, QueueTree, model_resource
+from gpupool.core.quota import admission_after, fair_shares
+from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot
 from gpupool.core.statement import Statement, Workspace
+from gpupool.core.units import CPU, MEMORY, MILLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +30,55 @@ class CycleResult:
     decisions: tuple[Decision, ...]
     #: every job still pending after the cycle, with the last reason an action gave
     pending: Mapping[str, PendingReason]
+    #: GPU-unit fair share per queue this cycle (empty without queues)
+    fair_shares: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """What queue-order plugins see of a queue: live usage, this cycle's fair share, and its settings."""
+
+    used: ResourceVector
+    fair_share: int
+    capacity: ResourceVector
+    weight: int
+    priority: int
+
+
+def cluster_capacity(snapshot: ClusterSnapshot) -> ResourceVector:
+    """Schedulable capacity in quota resources (GPU units per model unit, raw milli per model, CPU, memory).
+
+    Cached on the node table until a node's schedulability changes.
+    """
+    table = snapshot.nodes
+    key = ("capacity", id(snapshot.queues), table.schedulable_version)
+    cached = table.derived.get(key)
+    if isinstance(cached, ResourceVector):
+        return cached
+    capacity = _capacity(snapshot)
+    for old in [k for k in table.derived if isinstance(k, tuple) and k and k[0] == "capacity"]:
+        del table.derived[old]
+    table.derived[key] = capacity
+    return capacity
+
+
+def _capacity(snapshot: ClusterSnapshot) -> ResourceVector:
+    units = snapshot.queues.gpu_units if snapshot.queues else {}
+    amounts: dict[str, int] = {}
+    for kind, state in zip(snapshot.nodes.kinds, snapshot.nodes.states, strict=True):
+        if not state.schedulable:
+            continue
+        amounts[CPU] = amounts.get(CPU, 0) + kind.cpu_milli
+        amounts[MEMORY] = amounts.get(MEMORY, 0) + kind.memory_mib
+        if kind.gpu_count:
+            amounts[GPU_UNITS] = amounts.get(GPU_UNITS, 0) + kind.gpu_milli * units.get(kind.model, MILLI) // MILLI
+            key = model_resource(kind.model)
+            amounts[key] = amounts.get(key, 0) + kind.gpu_milli
+    return ResourceVector(amounts)
 
 
 class Cycle:
-    """What actions see: the snapshot, the framework, time, randomness, and the decisions so far."""
+    """What actions see: the snapshot, the framework, time, randomness, quotas and the decisions so far."""
 
     def __init__(self, snapshot: ClusterSnapshot, framework: Framework, clock: Clock,
                  rng: random.Random) -> None:
@@ -40,6 +90,12 @@ class Cycle:
         self.decisions: list[Decision] = []
         self.pending: dict[str, PendingReason] = {}
         self.started: set[str] = set()
+        self.tree: QueueTree | None = snapshot.queues
+        self.capacity = cluster_capacity(snapshot) if self.tree else ResourceVector()
+        self.fair_shares: dict[str, int] = {}
+        if self.tree is not None:
+            self.fair_shares = fair_shares(self.tree, self.workspace.usage, snapshot.pending,
+                                           self.capacity[GPU_UNITS], snapshot.usage_history)
 
     def statement(self) -> Statement:
         return Statement(self.workspace, self.now)
@@ -53,11 +109,47 @@ class Cycle:
     def block(self, job: JobSpec, reason: PendingReason) -> None:
         self.pending[job.id] = reason
 
-    def ordered_pending(self) -> list[JobSpec]:
-        """Pending jobs not yet started this cycle, in the queue-order plugin's order."""
-        order = self.framework.queue_order.sort_key
-        jobs = [j for j in self.snapshot.pending if j.id not in self.started]
-        return sorted(jobs, key=lambda j: order(j, self.snapshot))
+    def quota_reason(self, job: JobSpec) -> str:
+        """After a job's tentative placement: "" if its queues may hold it, else the first rule it breaks."""
+        if self.tree is None:
+            return ""
+        return admission_after(self.tree, self.workspace.usage, job.queue, self.capacity)
+
+    def view(self, queue: str) -> QueueView:
+        assert self.tree is not None
+        spec = self.tree.specs[queue]
+        return QueueView(self.workspace.usage.get(queue, ResourceVector()), self.fair_shares.get(queue, 0),
+                         self.capacity, spec.over_quota_weight, spec.priority)
+
+    def pending_order(self) -> Iterator[JobSpec]:
+        """Pending jobs not yet started, in queue order; a queue's key is recomputed after each of its jobs."""
+        plugin = self.framework.queue_order
+        jobs = sorted((j for j in self.snapshot.pending if j.id not in self.started), key=plugin.job_key)
+        if self.tree is None or plugin.queue_key(jobs[0].queue if jobs else "", self._safe_view()) is None:
+            yield from jobs
+            return
+        by_queue: dict[str, list[JobSpec]] = {}
+        for job in jobs:
+            by_queue.setdefault(job.queue, []).append(job)
+        heap: list[tuple[tuple[Hashable, ...], str]] = []
+        for queue in by_queue:
+            heapq.heappush(heap, (self._key(queue), queue))
+        while heap:
+            _, queue = heapq.heappop(heap)
+            head = by_queue[queue].pop(0)
+            if head.id not in self.started:
+                yield head
+            if by_queue[queue]:
+                heapq.heappush(heap, (self._key(queue), queue))
+
+    def _key(self, queue: str) -> tuple[Hashable, ...]:
+        if self.tree is None or queue not in self.tree.specs:
+            return (True, queue)  # unknown queues last; their jobs are rejected by quota
+        key = self.framework.queue_order.queue_key(queue, self.view(queue))
+        return (False, *(key or ()))
+
+    def _safe_view(self) -> QueueView:
+        return QueueView(ResourceVector(), 0, self.capacity, 1, 0)
 
 
 def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,
@@ -71,4 +163,4 @@ def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,
         # 2. Hand the snapshot back exactly as received; the caller applies the decisions.
         cycle.workspace.restore()
     # 3. Decisions out, plus a reason for every job still pending.
-    return CycleResult(tuple(cycle.decisions), dict(cycle.pending))
+    return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares))

@@ -51,3 +51,19 @@ def lowest_whole_gpus(state: NodeState, shape: TaskShape) -> tuple[DeviceShare, 
 
 def fraction_share(shape: TaskShape, gpu: int) -> tuple[DeviceShare, ...]:
     return (DeviceShare(gpu, shape.gpu_milli, shape.gpu_memory_mib),)
+
+
+def copies_fit(kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
+    """How many tasks of `shape` the node could take at once (ignoring whether it is schedulable)."""
+    if shape.gpu_count and (not shape.allows_model(kind.model) or shape.gpu_count > kind.gpu_count):
+        return 0
+    limits = []
+    if shape.cpu_milli:
+        limits.append(state.cpu_free // shape.cpu_milli)
+    if shape.memory_mib:
+        limits.append(state.memory_free // shape.memory_mib)
+    if shape.is_shared:
+        limits.append(sum(free // shape.gpu_milli for free in state.gpu_free))
+    elif shape.gpu_count:
+        limits.append(sum(1 for free in state.gpu_free if free >= MILLI) // shape.gpu_count)
+    return min(limits) if limits else 64

@@ -18,8 +18,8 @@ from gpupool.core.nodes import NodeKind, NodeState
 from gpupool.core.status import Status
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
-    from gpupool.core.snapshot import ClusterSnapshot, RunningTask
+    from gpupool.core.cycle import Cycle, QueueView
+    from gpupool.core.snapshot import RunningTask
 
 
 class Plugin(ABC):  # noqa: B024 - a marker base; extension points add the abstract methods
@@ -58,8 +58,16 @@ class DevicePlugin(Plugin):
 
 class QueueOrderPlugin(Plugin):
     @abstractmethod
-    def sort_key(self, job: JobSpec, snapshot: ClusterSnapshot) -> tuple[Hashable, ...]:
-        """A total order of pending jobs (smaller first). Ties must end on a stable field, then job id."""
+    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
+        """Order of pending jobs within a queue (smaller first); ties must end on a stable field, then id."""
+
+    def queue_key(self, queue: str, view: QueueView) -> tuple[Hashable, ...] | None:
+        """Which queue's head goes next (smaller first), from the queue's live usage and fair share.
+
+        Called again for a queue after each of its jobs is tried. None (the default) means the order is
+        queue-agnostic: all pending jobs are merged by `job_key` alone.
+        """
+        return None
 
 
 class VictimPlugin(Plugin):

@@ -139,6 +139,11 @@ class JobSpec:
         if not 1 <= self.min_tasks <= len(self.tasks):
             raise ValueError(f"job {self.id}: min_tasks must be in 1..{len(self.tasks)}")
 
+    @property
+    def estimate_s(self) -> float | None:
+        """The runtime backfill plans with: the estimate, else the limit, else None (unknown)."""
+        return self.runtime_estimate_s if self.runtime_estimate_s is not None else self.runtime_limit_s
+
     def resources(self) -> ResourceVector:
         total = ResourceVector()
         for task in self.tasks:

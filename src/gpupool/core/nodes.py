@@ -127,6 +127,8 @@ class NodeTable:
         self.kinds: tuple[NodeKind, ...] = tuple(interned.setdefault(NodeKind.of(s), NodeKind.of(s)) for s in ordered)
         self.states: list[NodeState] = [NodeState.empty(k) for k in self.kinds]
         self.derived: dict[object, object] = {}
+        #: bumped whenever a node becomes schedulable or unschedulable
+        self.schedulable_version = 0
         self._log: list[int] = []
         self._log_start = 0
 
@@ -139,6 +141,8 @@ class NodeTable:
         return self._log_start + len(self._log)
 
     def set_state(self, i: int, state: NodeState) -> None:
+        if state.schedulable != self.states[i].schedulable:
+            self.schedulable_version += 1
         self.states[i] = state
         self._log.append(i)
         if len(self._log) > 8 * len(self.names) + 4096:

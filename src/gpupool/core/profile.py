@@ -18,6 +18,7 @@ from gpupool.core.framework import (
     Plugin,
     QueueOrderPlugin,
     ScorePlugin,
+    VictimPlugin,
 )
 from gpupool.core.placement import Placer, TieBreak
 from gpupool.core.registry import Registry
@@ -38,6 +39,7 @@ class Profile:
     scores: tuple[tuple[str, int], ...] = (("bestfit", 1),)
     devices: str = "best_fit"
     tie_break: TieBreak = "name"
+    victims: str = "least_work"
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
@@ -82,6 +84,29 @@ PLACEMENT_PROFILES["best"] = _placement("best", "strand_aware", "strand_aware")
 
 
 
+#: Multi-tenant profiles: queue order, actions, and allocate arguments; placement is chosen separately.
+SCHEDULING_PROFILES: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
+    "fifo": ("fifo", ("allocate",), {}),
+    "priority": ("priority", ("allocate", "preempt"), {}),
+    "drf": ("drf", ("allocate", "reclaim"), {}),
+    "fair-share": ("fair_share", ("allocate", "reclaim", "preempt"), {}),
+    # gpupool's recommendation: fair share, gangs protected by EASY reservations (the head job, and any
+    # job waiting over two hours), backfill around them, reclaim and preemption, best placement.
+    "default": ("fair_share", ("allocate", "reclaim", "preempt"),
+                {"backfill": "easy", "max_reservations": 1, "reserve_after_s": 7200.0}),
+}
+
+
+def scheduling_profile(name: str, placement: str = "best") -> Profile:
+    """A multi-tenant profile (`SCHEDULING_PROFILES`) using the placement policy `placement`."""
+    if name not in SCHEDULING_PROFILES:
+        raise ValueError(f"profile: unknown {name!r}; choose from {', '.join(SCHEDULING_PROFILES)}")
+    order, actions, allocate = SCHEDULING_PROFILES[name]
+    base = placement_profile(placement)
+    args = {**base.args, "allocate": allocate} if allocate else dict(base.args)
+    return replace(base, name=name, queue_order=order, actions=actions, args=args)
+
+
 def placement_profile(policy: str) -> Profile:
     if policy not in PLACEMENT_PROFILES:
         raise ValueError(f"policy: unknown {policy!r}; choose from {', '.join(PLACEMENT_PROFILES)}")
@@ -92,11 +117,12 @@ class Framework:
     """A profile made concrete: action and plugin instances, and the placement engine."""
 
     def __init__(self, profile: Profile, actions: list[Action], queue_order: QueueOrderPlugin,
-                 placer: Placer) -> None:
+                 placer: Placer, victims: VictimPlugin) -> None:
         self.profile = profile
         self.actions = actions
         self.queue_order = queue_order
         self.placer = placer
+        self.victims = victims
 
     @classmethod
     def build(cls, profile: Profile, registry: Registry) -> Framework:
@@ -120,4 +146,5 @@ class Framework:
             profile.tie_break,
         )
         actions = [registry.create_action(n, profile.args.get(n, {})) for n in profile.actions]
-        return cls(profile, actions, get(profile.queue_order, QueueOrderPlugin, "queue_order"), placer)
+        return cls(profile, actions, get(profile.queue_order, QueueOrderPlugin, "queue_order"), placer,
+                   get(profile.victims, VictimPlugin, "victims"))

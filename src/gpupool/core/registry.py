@@ -9,12 +9,17 @@ from typing import Any
 
 from gpupool.core.actions.allocate import AllocateAction
 from gpupool.core.actions.consolidate import ConsolidateAction
+from gpupool.core.actions.preempt import PreemptAction
+from gpupool.core.actions.reclaim import ReclaimAction
 from gpupool.core.framework import Action, Plugin
 from gpupool.core.plugins.devices.best_fit import BestFitDevices
 from gpupool.core.plugins.devices.random_gpu import RandomDevices
 from gpupool.core.plugins.devices.worst_fit import WorstFitDevices
 from gpupool.core.plugins.filter.gpu_fit import GpuFitFilter
+from gpupool.core.plugins.queue_order.drf import DrfQueueOrder
+from gpupool.core.plugins.queue_order.fair_share import FairShareQueueOrder
 from gpupool.core.plugins.queue_order.fifo import FifoQueueOrder
+from gpupool.core.plugins.queue_order.priority import PriorityQueueOrder
 from gpupool.core.plugins.score.bestfit import BestFitScore
 from gpupool.core.plugins.score.dotprod import DotProdScore
 from gpupool.core.plugins.score.fgd import FgdPolicy
@@ -23,6 +28,7 @@ from gpupool.core.plugins.score.gpupacking import GpuPackingScore
 from gpupool.core.plugins.score.random import RandomScore
 from gpupool.core.plugins.score.spread import SpreadScore
 from gpupool.core.plugins.score.strand_aware import StrandAwarePolicy
+from gpupool.core.plugins.victims.least_work import LeastWorkVictims
 
 Factory = Callable[..., Any]
 
@@ -68,9 +74,9 @@ class Registry:
 
 
 _IN_TREE: tuple[type[Plugin] | type[Action], ...] = (
-    AllocateAction, ConsolidateAction,
+    AllocateAction, ConsolidateAction, PreemptAction, ReclaimAction,
     GpuFitFilter,
-    FifoQueueOrder,
+    FifoQueueOrder, PriorityQueueOrder, DrfQueueOrder, FairShareQueueOrder, LeastWorkVictims,
     BestFitDevices, WorstFitDevices, RandomDevices,
     RandomScore, BestFitScore, DotProdScore, GpuPackingScore, GpuClusteringScore, FgdPolicy, SpreadScore,
     StrandAwarePolicy,

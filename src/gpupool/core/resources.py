@@ -11,9 +11,11 @@ from fractions import Fraction
 
 
 class ResourceVector(Mapping[str, int]):
-    """A frozen mapping resource -> int >= 0; missing resources read as 0."""
+    """A frozen mapping resource -> int >= 0; missing resources read as 0, and equality ignores zeros."""
 
     __slots__ = ("_items", "_hash")
+    _items: tuple[tuple[str, int], ...]
+    _hash: int | None
 
     def __init__(self, amounts: Mapping[str, int] | None = None, **kwargs: int) -> None:
         merged = {**(amounts or {}), **kwargs}
@@ -22,14 +24,32 @@ class ResourceVector(Mapping[str, int]):
                 raise TypeError(f"{name}: resource amounts are integers, got {value!r}")
             if value < 0:
                 raise ValueError(f"{name}: resource amounts are non-negative, got {value}")
-        self._items = tuple(sorted((k, v) for k, v in merged.items() if v))
-        self._hash = hash(self._items)
+        self._items = tuple(sorted(merged.items()))
+        self._hash = None
+
+    @classmethod
+    def _trusted(cls, amounts: dict[str, int]) -> ResourceVector:
+        """Build from amounts already known to be non-negative ints (arithmetic results)."""
+        vector = cls.__new__(cls)
+        vector._items = tuple(sorted(amounts.items()))
+        vector._hash = None
+        return vector
+
+    def _nonzero(self) -> tuple[tuple[str, int], ...]:
+        return tuple(item for item in self._items if item[1])
 
     def __getitem__(self, name: str) -> int:
         for key, value in self._items:
             if key == name:
                 return value
         return 0
+
+    def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
+        return iter(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        """Whether the vector names `name` (even with amount 0, e.g. a limit of 0); missing names read as 0."""
+        return any(key == name for key, _ in self._items)
 
     def __iter__(self) -> Iterator[str]:
         return (key for key, _ in self._items)
@@ -38,21 +58,23 @@ class ResourceVector(Mapping[str, int]):
         return len(self._items)
 
     def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(self._nonzero())
         return self._hash
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ResourceVector):
-            return self._items == other._items
+            return self._nonzero() == other._nonzero()
         return NotImplemented
 
     def __repr__(self) -> str:
-        return f"ResourceVector({dict(self._items)})"
+        return f"ResourceVector({dict(self._nonzero())})"
 
     def __add__(self, other: Mapping[str, int]) -> ResourceVector:
         out = dict(self._items)
         for name, value in other.items():
             out[name] = out.get(name, 0) + value
-        return ResourceVector(out)
+        return ResourceVector._trusted(out) if isinstance(other, ResourceVector) else ResourceVector(out)
 
     def __sub__(self, other: Mapping[str, int]) -> ResourceVector:
         out = dict(self._items)
@@ -61,7 +83,7 @@ class ResourceVector(Mapping[str, int]):
             if left < 0:
                 raise ValueError(f"{name}: subtracting {value} from {out.get(name, 0)} goes negative")
             out[name] = left
-        return ResourceVector(out)
+        return ResourceVector._trusted(out) if isinstance(other, ResourceVector) else ResourceVector(out)
 
     def scaled(self, factor: int) -> ResourceVector:
         """Every amount multiplied by a non-negative integer factor."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from types import MappingProxyType
 
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
 from gpupool.core.nodes import NodeTable
+from gpupool.core.queues import QueueTree
+from gpupool.core.resources import ResourceVector
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,8 @@ class RunningTask:
     preemptible: bool = True
     started_at: float = 0.0
     checkpointable: bool = False
+    #: when the scheduler expects it to end (start + runtime estimate, else + limit); None = unknown
+    expected_end: float | None = None
 
     @property
     def is_movable(self) -> bool:
@@ -46,3 +51,9 @@ class ClusterSnapshot:
     taken_at: float = 0.0
     #: times of task moves (consolidation) the driver made recently, for per-hour budgets
     recent_moves: tuple[float, ...] = ()
+    #: the queue tree; None means one implicit queue without quotas
+    queues: QueueTree | None = None
+    #: normalised time-decayed GPU usage per queue (0..1), for time-based fair share
+    usage_history: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
+    #: resources in use per queue (leaf and ancestors) as the driver keeps them; None = derive from `running`
+    queue_usage: Mapping[str, ResourceVector] | None = None

@@ -22,9 +22,11 @@ from types import TracebackType
 from gpupool.core.decisions import Bind, Decision, Evict, Move
 from gpupool.core.model import DeviceShare, JobSpec, TaskSpec
 from gpupool.core.nodes import NodeState
+from gpupool.core.quota import add_usage
+from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot, RunningTask
 
-_NODE, _TASK = 0, 1
+_NODE, _TASK, _USAGE = 0, 1, 2
 _ABSENT = object()
 
 
@@ -35,6 +37,29 @@ class Workspace:
         #: task id -> the task as it runs now in this cycle, or None when evicted in this cycle
         self.overlay: dict[str, RunningTask | None] = {}
         self.journal: list[tuple[int, object, object]] = []
+        self.tree = snapshot.queues
+        #: resources in use per queue (leaf and ancestors), kept in step with every change
+        self.usage: dict[str, ResourceVector] = {}
+        if self.tree is not None and snapshot.queue_usage is not None:
+            self.usage = dict(snapshot.queue_usage)
+        elif self.tree is not None:
+            for task in snapshot.running.values():
+                if task.queue in self.tree.paths:
+                    add_usage(self.usage, self.tree, task.queue, self.charge_of(task))
+
+    def charge_of(self, task: RunningTask) -> ResourceVector:
+        """What a running task counts against its queues (GPU units depend on the node's model)."""
+        assert self.tree is not None
+        model = self.table.kinds[self.table.index[task.node]].model
+        return self.tree.charge(task.shape, task.shares, model, task.preemptible)
+
+    def account(self, task: RunningTask, sign: int) -> None:
+        """Add (1) or remove (-1) a task's charge on its queue path, journaled."""
+        if self.tree is None or task.queue not in self.tree.paths:
+            return
+        for name in self.tree.paths[task.queue]:
+            self.journal.append((_USAGE, name, self.usage.get(name, _ABSENT)))
+        add_usage(self.usage, self.tree, task.queue, self.charge_of(task), sign)
 
     def running(self, task_id: str) -> RunningTask | None:
         """A task running as of now in this cycle (placed or moved here, or running and not evicted)."""
@@ -62,6 +87,12 @@ class Workspace:
             if kind == _NODE:
                 assert isinstance(key, int) and isinstance(old, NodeState)
                 self.table.set_state(key, old)
+            elif kind == _USAGE:
+                if old is _ABSENT:
+                    del self.usage[str(key)]
+                else:
+                    assert isinstance(old, ResourceVector)
+                    self.usage[str(key)] = old
             elif old is _ABSENT:
                 del self.overlay[str(key)]
             else:
@@ -100,8 +131,11 @@ class Statement:
         table = self.ws.table
         self.ws.set_node(node, table.states[node].take(task.shape, shares))
         name = table.names[node]
-        self.ws.set_task(task.id, RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority,
-                                              job.preemptible, self.now, job.checkpointable))
+        estimate = job.estimate_s
+        placed = RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority, job.preemptible,
+                             self.now, job.checkpointable, None if estimate is None else self.now + estimate)
+        self.ws.set_task(task.id, placed)
+        self.ws.account(placed, +1)
         self._ops.append(Bind(job.id, task.id, name, task.shape, shares))
 
     def evict(self, task: RunningTask, reason: str) -> None:
@@ -109,6 +143,7 @@ class Statement:
         self._check_open()
         i = self.ws.table.index[task.node]
         self.ws.set_node(i, self.ws.table.states[i].give(task.shape, task.shares))
+        self.ws.account(task, -1)
         self.ws.set_task(task.task_id, None)
         self._ops.append(Evict(task.job_id, task.task_id, task.node, reason))
 
@@ -120,7 +155,9 @@ class Statement:
         self.ws.set_node(old, table.states[old].give(task.shape, task.shares))
         self.ws.set_node(node, table.states[node].take(task.shape, shares))
         moved = replace(task, node=table.names[node], shares=shares)
+        self.ws.account(task, -1)
         self.ws.set_task(task.task_id, moved)
+        self.ws.account(moved, +1)
         self._ops.append(Move(task.job_id, task.task_id, task.node, moved.node, task.shape, shares))
         return moved
 

@@ -13,13 +13,23 @@ from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-from gpupool.core import JobSpec, NodeSpec, TaskSpec, Workload, placement_profile
+from gpupool.core import (
+    JobSpec,
+    NodeSpec,
+    Profile,
+    QueueTree,
+    TaskSpec,
+    Workload,
+    placement_profile,
+    scheduling_profile,
+)
 from gpupool.core.fragmentation import FragModel
 from gpupool.sim import fill_report, plots, replay_report
 from gpupool.sim.bound import lp_bound
 from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
+from gpupool.sim.tenants import assign_by_hash, load_queues
 from gpupool.sim.traces.openb import Pod, pod_duration, read_nodes, read_pods, require_times
 
 
@@ -99,6 +109,9 @@ def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: li
     return document
 
 
+QOS_PRIORITY = {"LS": 10, "Guaranteed": 10, "Burstable": 5, "BE": 0}
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayTask:
     nodes: str
@@ -109,36 +122,61 @@ class ReplayTask:
     sample_s: float
     timing: bool
     consolidate: tuple[int, int] | None = None
+    profile: str | None = None
+    queues: str | None = None
+    assign: str = "hash"
+    time_scale: float = 1.0
+
+    @property
+    def label(self) -> str:
+        return self.profile or self.policy
 
 
-def openb_arrivals(pods: list[Pod]) -> list[JobArrival]:
-    """One single-task job per pod, arriving at its creation time and running for its trace duration."""
+def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str = "hash",
+                   time_scale: float = 1.0) -> list[JobArrival]:
+    """One job per pod, arriving at its creation time (divided by `time_scale`) and running for its trace
+    duration. With a queue tree, `assign` picks the leaf: "hash" (stable hash of the pod name) or "column"
+    (the pod list's `queue` column). Priority comes from the QoS class (LS/Guaranteed 10, Burstable 5, BE 0)."""
     arrivals = []
+    leaves = tree.leaves if tree else []
     for pod in pods:
         assert pod.creation_time is not None
-        job = JobSpec(pod.name, (TaskSpec(pod.name, pod.shape),), submitted_at=float(pod.creation_time))
-        arrivals.append(JobArrival(float(pod.creation_time), job, float(pod_duration(pod))))
+        queue = "default"
+        if tree is not None:
+            queue = pod.queue if assign == "column" else assign_by_hash(pod.name, leaves)
+        tasks = tuple(TaskSpec(f"{pod.name}/{k}", pod.shape) for k in range(pod.gang))
+        at = pod.creation_time / time_scale
+        job = JobSpec(pod.name, tasks, queue=queue, priority=QOS_PRIORITY.get(pod.qos, 0), submitted_at=at,
+                      runtime_limit_s=pod.runtime_limit_s, user=pod.user)
+        arrivals.append(JobArrival(at, job, float(pod_duration(pod))))
     return arrivals
 
 
-def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, str]], dict[str, object]]:
-    """One replay; returns its sample rows, job rows and summary."""
-    nodes = list(load_nodes(task.nodes))
-    pods = list(load_pods(task.pods))
-    require_times(task.pods, pods)
-    profile = placement_profile(task.policy)
+def _replay_profile(task: ReplayTask, pods: list[Pod]) -> Profile:
+    profile = scheduling_profile(task.profile, task.policy) if task.profile else placement_profile(task.policy)
     if profile.workload_plugins:
         profile = profile.with_workload(Workload.from_shapes(p.shape for p in pods))
     if task.consolidate is not None:
         per_cycle, per_hour = task.consolidate
         profile = profile.with_actions(*profile.actions, "consolidate").with_args(
             "consolidate", max_moves_per_cycle=per_cycle, max_moves_per_hour=per_hour)
-    run = Replay(nodes, openb_arrivals(pods), profile, task.seed, task.tick_s, task.sample_s).run()
-    trace = trace_name(task.pods)
-    return (replay_report.sample_rows(trace, task.policy, task.seed, run),
-            replay_report.job_rows(trace, task.policy, task.seed, run),
-            {"trace": trace, "policy": task.policy, "seed": task.seed,
-             **replay_report.run_summary(run, task.timing)})
+    return profile
+
+
+def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]],
+                                           dict[str, object]]:
+    """One replay; returns its sample rows, job rows, queue rows and summary."""
+    nodes = list(load_nodes(task.nodes))
+    pods = list(load_pods(task.pods))
+    require_times(task.pods, pods)
+    tree = load_queues(task.queues) if task.queues else None
+    arrivals = openb_arrivals(pods, tree, task.assign, task.time_scale)
+    run = Replay(nodes, arrivals, _replay_profile(task, pods), task.seed, task.tick_s, task.sample_s, tree).run()
+    trace, label = trace_name(task.pods), task.label
+    return (replay_report.sample_rows(trace, label, task.seed, run),
+            replay_report.job_rows(trace, label, task.seed, run),
+            replay_report.queue_rows(trace, label, task.seed, run),
+            {"trace": trace, "policy": label, "seed": task.seed, **replay_report.run_summary(run, task.timing)})
 
 
 def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[str, object]]]:
@@ -150,7 +188,8 @@ def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[s
         entry: dict[str, object] = {"seeds": len(items)}
         for key in ("mean_wait_s", "p50_wait_s", "p99_wait_s", "gar_window", "started", "preemptions",
                     "cycle_p50_ms", "cycle_p99_ms", "decisions_per_s", "migrations", "migrations_per_hour",
-                    "gpus_recovered_per_migration"):
+                    "gpus_recovered_per_migration", "quota_violations", "fair_share_max_deviation_pct",
+                    "jtted_median", "jtted_under_pct"):
             values = [float(i[key]) for i in items if i.get(key) is not None]  # type: ignore[arg-type]
             if values:
                 entry[key] = round(sum(values) / len(values), 4)
@@ -158,20 +197,38 @@ def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[s
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    tick_s: float = 0.0
+    sample_s: float = 3600.0
+    timing: bool = True
+    consolidate: tuple[int, int] | None = None
+    profiles: tuple[str | None, ...] = (None,)
+    queues: str | None = None
+    assign: str = "hash"
+    time_scale: float = 1.0
+
+
 def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], out: Path, jobs: int,
-                     tick_s: float, sample_s: float, timing: bool, command: str, quiet: bool = False,
-                     consolidate: tuple[int, int] | None = None) -> dict[str, object]:
+                     options: ReplayOptions, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
+    if options.queues:
+        load_queues(options.queues)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = [ReplayTask(str(nodes), str(p), policy, seed, tick_s, sample_s, timing, consolidate)
-             for p in pods for policy in policies for seed in seeds]
+    tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
+                        options.consolidate, profile, options.queues, options.assign, options.time_scale)
+             for p in pods for profile in options.profiles for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
-    samples = [row for s, _, _ in results for row in s]
+    samples = [row for s, _, _, _ in results for row in s]
     replay_report.write_csv(out / "results.csv", replay_report.SAMPLE_COLUMNS, samples)
-    replay_report.write_csv(out / "jobs.csv", replay_report.JOB_COLUMNS, [row for _, j, _ in results for row in j])
-    runs = [r for _, _, r in results]
-    document = {"protocol": "replay", "seeds": seeds, "command": command, "tick_s": tick_s,
+    replay_report.write_csv(out / "jobs.csv", replay_report.JOB_COLUMNS, [r for _, j, _, _ in results for r in j])
+    if options.queues:
+        replay_report.write_csv(out / "queues.csv", replay_report.QUEUE_COLUMNS,
+                                [r for _, _, q, _ in results for r in q])
+    runs = [r for _, _, _, r in results]
+    document = {"protocol": "replay", "seeds": seeds, "command": command, "tick_s": options.tick_s,
+                "time_scale": options.time_scale, "queues": options.queues,
                 "traces": _mean_summaries(runs), "runs": runs}
     fill_report.write_summary(out, document)
     images = plots.replay_plots(out, samples)
@@ -180,10 +237,11 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
 
 
 def replay_table(traces: dict[str, dict[str, dict[str, object]]]) -> str:
-    lines = ["| trace | policy | mean wait (s) | p99 wait (s) | GAR over the run | jobs started |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["| trace | policy | mean wait (s) | p99 wait (s) | GAR over the run | jobs started | quota violations "
+             "| worst fair-share deviation (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for trace, policies in traces.items():
         for policy, e in policies.items():
             lines.append(f"| {trace} | {policy} | {e.get('mean_wait_s', '')} | {e.get('p99_wait_s', '')} | "
-                         f"{e.get('gar_window', '')} | {e.get('started', '')} |")
+                         f"{e.get('gar_window', '')} | {e.get('started', '')} | {e.get('quota_violations', '')} | "
+                         f"{e.get('fair_share_max_deviation_pct', '')} |")
     return "\n".join(lines)

@@ -2,7 +2,11 @@
 pending queue that every scheduling cycle retries. Cycles run after each batch of simultaneous
 events (at most one per `tick_s` of virtual time), through the same `core.run_cycle`.
 
-Evicted jobs (preemption, reclaim) go back to the pending queue and restart from zero.
+With a queue tree, the replay also meters every queue (GPU time received against fair share per
+24-hour window, quota checks after every cycle) and feeds time-decayed usage back to the scheduler.
+Jobs without a runtime estimate get one from the runtime predictor; a task still running at its
+expected end has that end doubled (never past its limit). Evicted jobs go back to the queue and
+restart from zero; moved tasks keep running.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpupool.core import (
     Bind,
@@ -21,13 +25,18 @@ from gpupool.core import (
     NodeSpec,
     PendingReason,
     Profile,
+    QueueTree,
     default_registry,
     run_cycle,
 )
+from gpupool.core.cycle import cluster_capacity
 from gpupool.core.decisions import Move
 from gpupool.core.metrics import cluster_figures
+from gpupool.core.predictor import RuntimePredictor, raised_after_overrun
+from gpupool.core.queues import GPU_UNITS
 from gpupool.sim.cluster import SimCluster
 from gpupool.sim.engine import Engine, SimClock
+from gpupool.sim.meter import QueueMeter
 
 COMPLETION, ARRIVAL, CYCLE, SAMPLE = 0, 1, 2, 3
 
@@ -81,16 +90,17 @@ class ReplayRun:
     moves: int = 0
     #: milli-GPU of jobs started in cycles that moved tasks to make room
     recovered_milli: int = 0
+    meter: QueueMeter | None = None
 
 
 class Replay:
     """One replay of `arrivals` on `nodes` under `profile` (seeded with `seed`)."""
 
     def __init__(self, nodes: Iterable[NodeSpec], arrivals: Iterable[JobArrival], profile: Profile, seed: int,
-                 tick_s: float = 0.0, sample_s: float = 3600.0) -> None:
+                 tick_s: float = 0.0, sample_s: float = 3600.0, queues: QueueTree | None = None) -> None:
         self.engine = Engine()
         self.clock = SimClock(self.engine)
-        self.cluster = SimCluster(nodes)
+        self.cluster = SimCluster(nodes, queues)
         self.framework = Framework.build(profile, default_registry())
         self.rng = random.Random(seed)
         self.tick_s, self.sample_s = tick_s, sample_s
@@ -99,14 +109,16 @@ class Replay:
         self.records: dict[str, JobRecord] = {}
         self.pending: dict[str, JobSpec] = {}
         self.samples: list[Sample] = []
+        self.predictor = RuntimePredictor()
+        self.meter = QueueMeter(queues, self.arrivals[0].time if self.arrivals else 0.0) if queues else None
+        self._capacity = cluster_capacity(self.cluster.snapshot((), 0.0))
         self._cycle_at: float | None = None
         self._last_cycle = float("-inf")
         self._area = 0.0
         self._area_t = 0.0
-        self.cycles = self.decisions = 0
+        self.cycles = self.decisions = self.recovered_milli = 0
         self.cycle_seconds: list[float] = []
         self.move_times: list[float] = []
-        self.recovered_milli = 0
 
     def run(self) -> ReplayRun:
         if not self.arrivals:
@@ -119,15 +131,21 @@ class Replay:
         wall = time.perf_counter()
         self.engine.run()
         self._integrate()
+        if self.meter:
+            self.meter.advance(self.engine.now)
         return ReplayRun(self.records, self.samples, start, self.engine.now, self._area,
                          self.cluster.capacity_gpu_milli, self.cycles, self.decisions, time.perf_counter() - wall,
-                         self.cycle_seconds, len(self.move_times), self.recovered_milli)
+                         self.cycle_seconds, len(self.move_times), self.recovered_milli, self.meter)
 
     # 1. events --------------------------------------------------------------------------------
 
     def _arrive(self, arrival: JobArrival) -> None:
-        self.records[arrival.job.id] = JobRecord(arrival.job, arrival.time)
-        self.pending[arrival.job.id] = arrival.job
+        job = arrival.job
+        if job.runtime_estimate_s is None:
+            job = replace(job, runtime_estimate_s=self.predictor.predict(job))
+        self.records[job.id] = JobRecord(job, arrival.time)
+        self.pending[job.id] = job
+        self._metered()
         self._want_cycle()
 
     def _complete(self, payload: tuple[str, int]) -> None:
@@ -140,6 +158,8 @@ class Replay:
             if task.id in self.cluster.running:
                 self.cluster.release(task.id)
         record.end = self.engine.now
+        self.predictor.observe(record.job, self.durations[job_id])
+        self._metered()
         self._want_cycle()
 
     def _want_cycle(self) -> None:
@@ -160,12 +180,13 @@ class Replay:
 
     def _cycle(self, _: object = None) -> None:
         self._cycle_at = None
-        self._last_cycle = self.engine.now
+        self._last_cycle = now = self.engine.now
         if not self.pending:
             return
-        now = self.engine.now
+        self._correct_overruns(now)
         recent = tuple(t for t in self.move_times if now - t < 3600)
-        snapshot = self.cluster.snapshot(tuple(self.pending.values()), now, recent)
+        history = self.meter.history() if self.meter else None
+        snapshot = self.cluster.snapshot(tuple(self.pending.values()), now, recent, history)
         wall = time.perf_counter()
         result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
         self.cycle_seconds.append(time.perf_counter() - wall)
@@ -176,6 +197,17 @@ class Replay:
         self._apply_effects(result.decisions, now)
         for job_id, reason in result.pending.items():
             self.records[job_id].last_reason = reason
+        if self.meter:
+            self._metered(result.fair_shares)
+            self.meter.check_quotas(self.cluster.usage, self._capacity)
+
+    def _correct_overruns(self, now: float) -> None:
+        for task_id, task in list(self.cluster.running.items()):
+            if task.expected_end is not None and task.expected_end <= now:
+                limit = self.records[task.job_id].job.runtime_limit_s
+                limit_end = None if limit is None else task.started_at + limit
+                raised = raised_after_overrun(task.started_at, task.expected_end, limit_end)
+                self.cluster.running[task_id] = replace(task, expected_end=max(raised, now + 1))
 
     def _apply_effects(self, decisions: tuple[Decision, ...], now: float) -> None:
         moves = sum(1 for d in decisions if isinstance(d, Move))
@@ -206,6 +238,11 @@ class Replay:
         record.start = None
         self.pending[record.job.id] = record.job
         self._want_cycle()
+
+    def _metered(self, fair_shares: dict[str, int] | None = None) -> None:
+        if self.meter is not None:
+            waiting = {j.queue for j in self.pending.values()}
+            self.meter.update(self.engine.now, self.cluster.usage, fair_shares, waiting, self._capacity[GPU_UNITS])
 
     def _integrate(self) -> None:
         now = self.engine.now

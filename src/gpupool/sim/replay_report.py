@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import statistics
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 
-from gpupool.core.metrics import WAIT_BUCKETS_S, histogram, nearest_rank
+from gpupool.core.metrics import ESTIMATE_BUCKETS, WAIT_BUCKETS_S, histogram, nearest_rank
 from gpupool.sim.replay import ReplayRun
 
 SAMPLE_COLUMNS = ("trace", "policy", "seed", "time_s", "gpu_alloc_pct", "unallocated_gpus", "gfr_pct",
@@ -62,7 +63,13 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
         "migrations": run.moves,
         "migrations_per_hour": round(3600 * run.moves / span, 3) if span > 0 else None,
         "gpus_recovered_per_migration": round(run.recovered_milli / 1000 / run.moves, 3) if run.moves else None,
+        **estimate_accuracy(run),
     }
+    if run.meter is not None:
+        deviation, window, queue = run.meter.worst_deviation()
+        summary.update({"quota_violations": sum(run.meter.violations.values()),
+                        "fair_share_max_deviation_pct": round(100 * deviation, 2),
+                        "fair_share_worst": {"window": window, "queue": queue}})
     if timing and run.cycle_seconds:
         cycle_ms = [1000 * s for s in run.cycle_seconds]
         summary.update({"cycle_p50_ms": round(nearest_rank(cycle_ms, 50), 3),
@@ -77,3 +84,39 @@ def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, str]]
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+QUEUE_COLUMNS = ("trace", "policy", "seed", "queue", "jobs", "gpu_hours", "fair_share_gpu_hours", "mean_wait_s",
+                 "p99_wait_s", "preemptions", "quota_violations")
+
+
+def queue_rows(trace: str, policy: str, seed: int, run: ReplayRun) -> list[dict[str, str]]:
+    """One row per queue: jobs, GPU-unit hours received and fairly due, waits, preemptions, violations."""
+    meter = run.meter
+    if meter is None:
+        return []
+    rows = []
+    for queue in sorted(meter.tree.specs):
+        records = [r for r in run.records.values() if queue in meter.tree.paths.get(r.job.queue, ())]
+        waits = [r.first_start - r.submit for r in records if r.first_start is not None]
+        received = sum(w.received[queue] for w in meter.windows.values()) / 1000 / 3600
+        fair = sum(w.fair[queue] for w in meter.windows.values()) / 1000 / 3600
+        rows.append({"trace": trace, "policy": policy, "seed": str(seed), "queue": queue, "jobs": str(len(records)),
+                     "gpu_hours": f"{received:.2f}", "fair_share_gpu_hours": f"{fair:.2f}",
+                     "mean_wait_s": f"{statistics.fmean(waits):.1f}" if waits else "",
+                     "p99_wait_s": f"{nearest_rank(waits, 99):.0f}" if waits else "",
+                     "preemptions": str(sum(r.preemptions for r in records)),
+                     "quota_violations": str(meter.violations.get(queue, 0))})
+    return rows
+
+
+def estimate_accuracy(run: ReplayRun) -> dict[str, object]:
+    """JTTED over completed jobs that had an estimate: median actual/estimate and the share under-estimated."""
+    ratios = [Fraction(round(r.end - r.start), max(1, round(r.job.runtime_estimate_s)))
+              for r in run.records.values()
+              if r.end is not None and r.start is not None and r.job.runtime_estimate_s]
+    if not ratios:
+        return {}
+    return {"jtted_median": round(float(nearest_rank(ratios, 50)), 3),
+            "jtted_under_pct": round(100 * sum(1 for x in ratios if x > 1) / len(ratios), 2),
+            "jtted_buckets": histogram(ratios, ESTIMATE_BUCKETS)}

@@ -1,15 +1,21 @@
-"""Allocate: place pending jobs in queue order, each gang all-or-nothing.
+"""Allocate: place pending jobs in queue order, each gang all-or-nothing, under quotas, with optional
+reservations so that big jobs are not starved (EASY or conservative backfill).
 
-For each job (queue order), in one Statement: place its tasks one by one on the placement engine's
-best node; commit when at least `min_tasks` are placed, else discard and record why. Within a
-cycle, a shape that found no node is not retried until a node changes.
+For each job the queue-order plugin hands out, in one Statement:
+
+1. keep off the nodes that earlier reservations hold, unless the job is expected to end before them;
+2. place its tasks one by one on the placement engine's best node (a shape that found no node is not
+   retried until a node changes);
+3. check the job's queues may hold it (limits, borrowing, lending, guarantees);
+4. commit, or discard and record why; a blocked job that qualifies gets a reservation.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpupool.core.diagnostics import PendingReason, no_node_fits
+from gpupool.core.actions.reservations import Reservation, ReservationPlan
+from gpupool.core.diagnostics import PendingKind, PendingReason, no_node_fits
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec, TaskShape
 from gpupool.core.statement import Statement
@@ -17,19 +23,83 @@ from gpupool.core.statement import Statement
 if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
 
+BACKFILL_MODES = ("none", "easy", "conservative")
+DAY_S = 86_400.0
+
 
 class AllocateAction(Action):
     name = "allocate"
 
+    def __init__(self, backfill: str = "none", max_reservations: int = 1, reserve_after_s: float | None = None,
+                 window_s: float = 7 * DAY_S) -> None:
+        if backfill not in BACKFILL_MODES:
+            raise ValueError(f"allocate: backfill must be one of {', '.join(BACKFILL_MODES)}")
+        if max_reservations < 0 or window_s <= 0:
+            raise ValueError("allocate: max_reservations must be >= 0 and window_s > 0")
+        self.backfill = backfill
+        self.max_reservations = max_reservations
+        self.reserve_after_s = reserve_after_s
+        self.window_s = window_s
+
     def execute(self, cycle: Cycle) -> None:
+        plan = None
+        if self.backfill != "none" or self.reserve_after_s is not None:
+            plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
         failed: dict[TaskShape, tuple[int, PendingReason]] = {}
-        for job in cycle.ordered_pending():
-            with cycle.statement() as stmt:
-                reason = place_gang(cycle, job, stmt, failed)
-                if reason is None:
-                    cycle.emit(job, stmt.commit())
-                else:
-                    cycle.block(job, reason)
+        for job in cycle.pending_order():
+            blockers = plan.blockers(job) if plan else []
+            reason = _try(cycle, job, blockers, failed)
+            if reason is None:
+                continue
+            cycle.block(job, reason)
+            if plan is not None and reason.kind is PendingKind.NO_NODE_FITS and plan.qualifies(job):
+                reservation = plan.reserve(job)
+                if reservation is not None:
+                    cycle.block(job, _waiting_for(reservation, cycle.now))
+
+
+def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation],
+         failed: dict[TaskShape, tuple[int, PendingReason]]) -> PendingReason | None:
+    """Start `job` now if it fits off the blocking reservations and under quota; else why not."""
+    with cycle.statement() as stmt:
+        fenced = _fence(stmt, blockers)
+        reason = place_gang(cycle, job, stmt, failed if not fenced else {})
+        if reason is None:
+            quota = cycle.quota_reason(job)
+            if quota:
+                return PendingReason(PendingKind.OVER_QUOTA, quota)
+            _unfence(stmt, fenced)
+            cycle.emit(job, stmt.commit())
+            return None
+    if fenced and reason.kind is PendingKind.NO_NODE_FITS and _fits_unfenced(cycle, job):
+        holder = min(blockers, key=lambda r: r.start)
+        return PendingReason(PendingKind.RESERVED_FOR,
+                             f"nodes it fits on are reserved for job {holder.job_id} from t={holder.start:.0f}")
+    return reason
+
+
+def _fence(stmt: Statement, blockers: list[Reservation]) -> list[int]:
+    states = stmt.ws.table.states
+    fenced = sorted({i for r in blockers for i in r.nodes if states[i].schedulable})
+    for i in fenced:
+        stmt.set_schedulable(i, False)
+    return fenced
+
+
+def _unfence(stmt: Statement, fenced: list[int]) -> None:
+    for i in fenced:
+        stmt.set_schedulable(i, True)
+
+
+def _fits_unfenced(cycle: Cycle, job: JobSpec) -> bool:
+    with cycle.statement() as stmt:
+        return place_gang(cycle, job, stmt, {}) is None
+
+
+def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
+    return PendingReason(PendingKind.BACKFILL_WINDOW,
+                         f"holds a reservation on {len(reservation.nodes)} node(s) from "
+                         f"t={reservation.start:.0f} ({reservation.start - now:.0f} s from now)")
 
 
 def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement,

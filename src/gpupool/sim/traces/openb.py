@@ -32,6 +32,11 @@ class Pod:
     creation_time: int | None = None
     deletion_time: int | None = None
     scheduled_time: int | None = None
+    #: optional columns of gpupool's own workloads (`gpupool sim generate`): tenant, gang size, limit
+    queue: str = ""
+    user: str = ""
+    gang: int = 1
+    runtime_limit_s: float | None = None
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -61,6 +66,13 @@ def _count(text: str) -> int:
     value = int(text)
     if value < 0:
         raise ValueError("must be >= 0")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
     return value
 
 
@@ -127,6 +139,10 @@ def read_pods(path: str | Path) -> list[Pod]:
             deletion_time=_field(path, line, row, "deletion_time", _optional_time) if "deletion_time" in row else None,
             scheduled_time=(_field(path, line, row, "scheduled_time", _optional_time)
                             if "scheduled_time" in row else None),
+            queue=row.get("queue", "").strip(), user=row.get("user", "").strip(),
+            gang=_field(path, line, row, "gang", _positive) if row.get("gang", "").strip() else 1,
+            runtime_limit_s=(_field(path, line, row, "runtime_limit_s", _optional_time)
+                             if "runtime_limit_s" in row else None),
         ))
     return pods
 

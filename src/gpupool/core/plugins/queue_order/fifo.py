@@ -1,4 +1,4 @@
-"""FIFO: pending jobs in submission order, then by job id."""
+"""FIFO: pending jobs in submission order, then by job id, regardless of queue."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from collections.abc import Hashable
 
 from gpupool.core.framework import QueueOrderPlugin
 from gpupool.core.model import JobSpec
-from gpupool.core.snapshot import ClusterSnapshot
 
 
 class FifoQueueOrder(QueueOrderPlugin):
     name = "fifo"
 
-    def sort_key(self, job: JobSpec, snapshot: ClusterSnapshot) -> tuple[Hashable, ...]:
+    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
         return (job.submitted_at, job.id)

@@ -1,0 +1,42 @@
+"""Starting a job by evicting others (shared by preempt and reclaim)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gpupool.core.actions.room import make_room
+from gpupool.core.decisions import Evict
+from gpupool.core.model import JobSpec
+from gpupool.core.snapshot import RunningTask
+
+if TYPE_CHECKING:
+    from gpupool.core.cycle import Cycle
+
+
+def start_by_evicting(cycle: Cycle, job: JobSpec, candidates: list[RunningTask],
+                      may_take: Callable[[RunningTask], bool], allowance: int, reason: str) -> int:
+    """Try to start `job`, evicting from `candidates` (victim-plugin order); jobs evicted (0 if it did not start)."""
+    placer, table = cycle.framework.placer, cycle.workspace.table
+    victims = list(cycle.framework.victims.order_victims(job, candidates))
+    with cycle.statement() as stmt:
+        for k, task in enumerate(job.tasks):
+            i = placer.choose(table, task.shape, cycle.rng)
+            if i is None:
+                spent = _evicted_jobs(stmt.decisions)
+                made = make_room(cycle, stmt, task.shape, victims, may_take, False, allowance - spent, reason)
+                if made is None:
+                    if k >= job.min_tasks:
+                        break
+                    return 0
+                i = made[0]
+            stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
+        if cycle.quota_reason(job):
+            return 0
+        evicted = _evicted_jobs(stmt.decisions)
+        cycle.emit(job, stmt.commit())
+        return evicted
+
+
+def _evicted_jobs(decisions: tuple[object, ...]) -> int:
+    return len({d.job_id for d in decisions if isinstance(d, Evict)})

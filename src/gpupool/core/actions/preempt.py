@@ -1,0 +1,48 @@
+"""Preempt (inside a queue): a pending job evicts lower-priority preemptible jobs of its own leaf
+queue to start. Victims must have run at least the queue's `preempt_min_runtime_s`, are taken in the
+victim plugin's order (least work lost first), never include tasks placed in this cycle, and a job is
+evicted whole. The statement commits only if the preemptor starts, within `max_victims` per cycle.
+
+No preemption cycles: a victim always has strictly lower priority than its preemptor, so the
+evicted job can never preempt back the job that evicted it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpupool.core.actions.evicting import start_by_evicting
+from gpupool.core.framework import Action
+from gpupool.core.model import JobSpec
+from gpupool.core.snapshot import RunningTask
+
+if TYPE_CHECKING:
+    from gpupool.core.cycle import Cycle
+
+
+class PreemptAction(Action):
+    name = "preempt"
+
+    def __init__(self, max_victims: int = 16) -> None:
+        if max_victims < 0:
+            raise ValueError("preempt: max_victims must be >= 0")
+        self.max_victims = max_victims
+
+    def execute(self, cycle: Cycle) -> None:
+        left = self.max_victims
+        for job in cycle.pending_order():
+            if left <= 0:
+                return
+            candidates = [t for t in cycle.workspace.running_tasks() if _eligible(cycle, job, t)]
+            if candidates:
+                left -= start_by_evicting(cycle, job, candidates, lambda t: True, left, "preempted")
+
+
+def _eligible(cycle: Cycle, job: JobSpec, task: RunningTask) -> bool:
+    if task.queue != job.queue or task.priority >= job.priority or not task.preemptible:
+        return False
+    if task.task_id not in cycle.snapshot.running:
+        return False  # placed in this cycle
+    min_runtime = cycle.tree.specs[task.queue].preempt_min_runtime_s if cycle.tree and task.queue in \
+        cycle.tree.specs else 0.0
+    return cycle.now - task.started_at >= min_runtime

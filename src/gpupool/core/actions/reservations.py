@@ -1,0 +1,132 @@
+"""Reservations for blocked jobs (EASY / conservative backfill, gang starvation guard).
+
+A reservation holds whole nodes for a job from its earliest feasible start `start` to
+`start + estimate` (ALGORITHMS.md §3.6, node-aware, Slurm-style whole-node holds). Its start is
+found on a scratch copy of the node states by releasing running tasks in order of expected end
+(tasks with no expected end never release) until the job's mandatory tasks fit, avoiding nodes
+already held by earlier reservations over the same interval. Later jobs may use reserved nodes only
+if they are expected to end by the reservation's start, so a reservation is never delayed by a
+backfilled job as long as estimates are upper bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits
+from gpupool.core.model import DeviceShare, JobSpec, TaskShape
+from gpupool.core.nodes import NodeKind, NodeState
+
+if TYPE_CHECKING:
+    from gpupool.core.cycle import Cycle
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: str
+    queue: str
+    nodes: frozenset[int]
+    start: float
+    end: float
+
+    def blocks(self, now: float, estimate_s: float | None) -> bool:
+        """Whether a job starting now with this estimate must keep off the reserved nodes."""
+        return estimate_s is None or now + estimate_s > self.start
+
+
+class ReservationPlan:
+    """The reservations of one allocate pass (rebuilt every cycle, so early completions are absorbed)."""
+
+    def __init__(self, cycle: Cycle, mode: str, max_reservations: int, reserve_after_s: float | None,
+                 window_s: float) -> None:
+        self.cycle = cycle
+        self.mode = mode
+        #: regular (head-of-queue) reservations: none without backfill
+        self.regular = max_reservations if mode == "easy" else 0
+        #: reservations a queue may hold in all, starving jobs included
+        self.max_reservations = max(1, max_reservations)
+        self.reserve_after_s = reserve_after_s
+        self.window_s = window_s
+        self.reservations: list[Reservation] = []
+
+    def blockers(self, job: JobSpec) -> list[Reservation]:
+        return [r for r in self.reservations if r.job_id != job.id and r.blocks(self.cycle.now, job.estimate_s)]
+
+    def qualifies(self, job: JobSpec) -> bool:
+        """EASY: the first blocked jobs up to `max_reservations`; conservative: every blocked job; and any
+        job waiting longer than `reserve_after_s` while its queue holds fewer than `max_reservations`."""
+        if self.mode == "conservative" or len(self.reservations) < self.regular:
+            return True
+        waited = self.cycle.now - job.submitted_at
+        if self.reserve_after_s is None or waited <= self.reserve_after_s:
+            return False
+        return sum(1 for r in self.reservations if r.queue == job.queue) < self.max_reservations
+
+    def reserve(self, job: JobSpec) -> Reservation | None:
+        """Hold nodes for `job` at its earliest start within the window; None if there is none.
+
+        Tasks are released in order of expected end; the exact fit is re-checked only when the
+        number of copies of the job's first shape that free nodes could take reaches `min_tasks`.
+        """
+        estimate = job.estimate_s if job.estimate_s is not None else math.inf
+        table, ws, now = self.cycle.workspace.table, self.cycle.workspace, self.cycle.now
+        states = list(table.states)
+        shape = job.tasks[0].shape
+        copies = [copies_fit(kind, state, shape) for kind, state in zip(table.kinds, states, strict=True)]
+        total = sum(copies)
+        releases = sorted((t.expected_end, t.task_id) for t in ws.running_tasks() if t.expected_end is not None)
+        k, at = 0, now
+        while True:
+            while k < len(releases) and releases[k][0] <= at:
+                task = ws.running(releases[k][1])
+                k += 1
+                if task is not None:
+                    i = table.index[task.node]
+                    states[i] = states[i].give(task.shape, task.shares)
+                    fresh = copies_fit(table.kinds[i], states[i], shape)
+                    total += fresh - copies[i]
+                    copies[i] = fresh
+            if total >= job.min_tasks:
+                nodes = self._fit(job, states, self._held(at, at + estimate))
+                if nodes is not None:
+                    reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate)
+                    self.reservations.append(reservation)
+                    return reservation
+            if k >= len(releases) or releases[k][0] - now > self.window_s:
+                return None
+            at = releases[k][0]
+
+    def _held(self, start: float, end: float) -> set[int]:
+        return {i for r in self.reservations if r.start < end and start < r.end for i in r.nodes}
+
+    def _fit(self, job: JobSpec, states: list[NodeState], held: set[int]) -> list[int] | None:
+        """Nodes taking the job's mandatory tasks (first fit in name order) on the scratch states."""
+        table = self.cycle.workspace.table
+        scratch: dict[int, NodeState] = {}
+        chosen: list[int] = []
+        for task in job.tasks[: job.min_tasks]:
+            i = _first_fit(table.kinds, states, scratch, held, task.shape)
+            if i is None:
+                return None
+            state = scratch.get(i, states[i].with_schedulable(True))
+            scratch[i] = state.take(task.shape, _any_shares(state, task.shape))
+            chosen.append(i)
+        return chosen
+
+
+def _first_fit(kinds: tuple[NodeKind, ...], states: list[NodeState], scratch: dict[int, NodeState], held: set[int],
+               shape: TaskShape) -> int | None:
+    for i, kind in enumerate(kinds):
+        if i in held or not states[i].schedulable:
+            continue
+        if not node_fits(kind, scratch.get(i, states[i]), shape):
+            return i
+    return None
+
+
+def _any_shares(state: NodeState, shape: TaskShape) -> tuple[DeviceShare, ...]:
+    if shape.is_shared:
+        return fraction_share(shape, fitting_gpus(state, shape)[0])
+    return lowest_whole_gpus(state, shape)

@@ -1,0 +1,88 @@
+"""Making room on one node for a task that fits nowhere: by moving tasks away (consolidate) or by
+evicting whole jobs (preempt, reclaim). Shared by those actions; every change goes through the
+caller's Statement, and a candidate node that does not work out is rolled back.
+
+Candidates are the nodes where the task would fit if every victim task on them were gone, tried in
+order of least GPU to free, then name. On a candidate, victims (in the order given) are moved or
+evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
+Evicting a task evicts every running task of its job, so no gang is left below its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from gpupool.core.fit import node_fits
+from gpupool.core.model import TaskShape
+from gpupool.core.snapshot import RunningTask
+from gpupool.core.statement import Statement
+
+if TYPE_CHECKING:
+    from gpupool.core.cycle import Cycle
+
+CANDIDATE_NODES = 8
+
+
+def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence[RunningTask],
+              may_take: Callable[[RunningTask], bool], relocate: bool, allowance: int,
+              reason: str = "preempted") -> tuple[int, int] | None:
+    """(node index, victims used) for a node freed for `shape` within `allowance`; None if none works."""
+    table, ws = cycle.workspace.table, cycle.workspace
+    by_node: dict[int, list[RunningTask]] = {}
+    for task in victims:
+        current = ws.running(task.task_id)
+        if current is not None and current.node == task.node:  # earlier changes may have moved or evicted it
+            by_node.setdefault(table.index[current.node], []).append(current)
+    candidates = []
+    for i, tasks in by_node.items():
+        state = table.states[i]
+        for task in tasks:
+            state = state.give(task.shape, task.shares)
+        if not node_fits(table.kinds[i], state.with_schedulable(True), shape) and table.states[i].schedulable:
+            candidates.append((sum(t.shape.total_gpu_milli for t in tasks), table.names[i], i))
+    for _, _, i in sorted(candidates)[:CANDIDATE_NODES]:
+        checkpoint = stmt.checkpoint()
+        used = _free(cycle, stmt, i, shape, by_node[i], may_take, relocate, allowance, reason)
+        if used is not None:
+            return i, used
+        stmt.rollback(checkpoint)
+    return None
+
+
+def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[RunningTask],
+          may_take: Callable[[RunningTask], bool], relocate: bool, allowance: int, reason: str) -> int | None:
+    table, ws = cycle.workspace.table, cycle.workspace
+    stmt.set_schedulable(i, False)
+    used = 0
+    for task in tasks:
+        current = ws.running(task.task_id)
+        if current is None or current.node != task.node or not may_take(current):
+            continue
+        if used >= allowance:
+            return None
+        if relocate and not _move(cycle, stmt, current):
+            return None
+        if not relocate:
+            evict_job(cycle, stmt, current.job_id, reason)
+        used += 1
+        if not node_fits(table.kinds[i], table.states[i].with_schedulable(True), shape):
+            stmt.set_schedulable(i, True)
+            return used
+    return None
+
+
+def _move(cycle: Cycle, stmt: Statement, task: RunningTask) -> bool:
+    placer, table = cycle.framework.placer, cycle.workspace.table
+    target = placer.choose(table, task.shape, cycle.rng)
+    if target is None:
+        return False
+    stmt.move(task, target, placer.pick(table, target, task.shape, cycle.rng))
+    return True
+
+
+def evict_job(cycle: Cycle, stmt: Statement, job_id: str, reason: str) -> None:
+    """Evict every task of `job_id` still running in this cycle."""
+    for task in cycle.workspace.running_tasks():
+        if task.job_id == job_id:
+            stmt.evict(task, reason)

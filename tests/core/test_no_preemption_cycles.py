@@ -1,0 +1,60 @@
+"""No reclaim or preemption cycles (Hypothesis): a job started by evicting others is never evicted in
+turn by the jobs it displaced, in the next cycle."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupool.core import (
+    Bind,
+    Evict,
+    FixedClock,
+    Framework,
+    QueueSpec,
+    QueueTree,
+    ResourceVector,
+    default_registry,
+    run_cycle,
+    scheduling_profile,
+)
+from gpupool.core.queues import GPU_UNITS
+from gpupool.core.testing.builders import make_job, make_node, make_shape
+from gpupool.sim.cluster import SimCluster
+
+
+def gpus(n):
+    return ResourceVector({GPU_UNITS: n * 1000})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 8), st.integers(0, 8), st.integers(1, 3), st.integers(1, 3),
+       st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 4), st.integers(0, 10)), min_size=1, max_size=12),
+       st.sampled_from(["fair-share", "default", "drf", "priority"]))
+def test_displaced_jobs_never_evict_their_displacer(g_a, g_b, w_a, w_b, submissions, profile_name):
+    tree = QueueTree([QueueSpec("A", guaranteed=gpus(g_a), over_quota_weight=w_a),
+                      QueueSpec("B", guaranteed=gpus(g_b), over_quota_weight=w_b)])
+    cluster = SimCluster([make_node(f"n{i}", gpus=4) for i in range(2)], tree)
+    framework = Framework.build(scheduling_profile(profile_name, "bestfit"), default_registry())
+    jobs = {f"j{k}": make_job(f"j{k}", *[make_shape(1000)] * size, queue=q, priority=prio, submitted_at=k)
+            for k, (q, size, prio) in enumerate(submissions)}
+    pending = dict(jobs)
+    displacers: set[str] = set()
+    for step in range(4):
+        now = 3600.0 * (step + 1)
+        result = run_cycle(cluster.snapshot(tuple(pending.values()), now), framework, clock=FixedClock(now),
+                           rng=random.Random(step))
+        evicted = {d.job_id for d in result.decisions if isinstance(d, Evict)}
+        assert not evicted & displacers, f"{evicted & displacers} displaced their displacers back"
+        started = {d.job_id for d in result.decisions if isinstance(d, Bind)}
+        cluster.apply(list(result.decisions), now, jobs)
+        for job_id in started:
+            pending.pop(job_id, None)
+        for job_id in evicted:
+            for task in jobs[job_id].tasks:
+                if task.id in cluster.running:
+                    cluster.release(task.id)
+            pending[job_id] = jobs[job_id]
+        displacers = started if evicted else set()

@@ -1,0 +1,71 @@
+"""Quotas: Kueue borrowing/lending (ALGORITHMS.md §5 test 1), limits, guarantees for non-preemptible jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.core import QueueSpec, QueueTree, ResourceVector
+from gpupool.core.queues import GPU_UNITS
+from gpupool.core.quota import admission_reason
+
+G = GPU_UNITS
+
+
+def rv(**kw):
+    return ResourceVector({G if k == "gpu" else k: v for k, v in kw.items()})
+
+
+def _tree(a=None, b=None):
+    return QueueTree([QueueSpec("a", guaranteed=rv(gpu=9), **(a or {})), QueueSpec("b", guaranteed=rv(gpu=12),
+                                                                                     **(b or {}))])
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want_max"),
+    [({}, {}, 21), ({"borrow_limit": rv(gpu=1)}, {}, 10), ({}, {"lend_limit": rv(gpu=1)}, 10)],
+    ids=["b idle lends all", "a may borrow 1", "b lends only 1"],
+)
+def test_borrowing_and_lending(a, b, want_max):
+    tree = _tree(a, b)
+    cluster = rv(gpu=21)
+    admits = [n for n in range(1, 23) if not admission_reason(tree, {}, "a", rv(gpu=n), cluster)]
+    assert max(admits) == want_max
+
+
+def test_limit_caps_and_names_the_queue():
+    tree = QueueTree([QueueSpec("a", guaranteed=rv(gpu=1000), limit=rv(gpu=4000))])
+    assert admission_reason(tree, {}, "a", rv(gpu=4000), rv(gpu=8000)) == ""
+    assert "queue a would exceed its gpu limit" in admission_reason(tree, {}, "a", rv(gpu=4001), rv(gpu=8000))
+
+
+def test_non_preemptible_work_must_fit_the_guarantee():
+    tree = QueueTree([QueueSpec("a", guaranteed=rv(gpu=1000), limit=rv(gpu=4000))])
+    charge = ResourceVector({G: 2000, "np:gpu": 2000})
+    assert "non-preemptible" in admission_reason(tree, {}, "a", charge, rv(gpu=8000))
+    assert admission_reason(tree, {}, "a", rv(gpu=2000), rv(gpu=8000)) == ""
+
+
+def test_parent_limits_apply_to_children():
+    tree = QueueTree([QueueSpec("org", limit=rv(gpu=3000)), QueueSpec("x", parent="org"),
+                      QueueSpec("y", parent="org")])
+    used = {"org": rv(gpu=2000), "y": rv(gpu=2000)}
+    assert "org has 3000 gpu for its children, they would use 4000" in admission_reason(
+        tree, used, "x", rv(gpu=2000), rv(gpu=10_000))
+    assert admission_reason(tree, used, "x", rv(gpu=1000), rv(gpu=10_000)) == ""
+
+
+def test_unknown_or_inner_queues_are_refused():
+    tree = QueueTree([QueueSpec("org"), QueueSpec("x", parent="org")])
+    assert "unknown leaf queue" in admission_reason(tree, {}, "org", rv(gpu=1), rv(gpu=10))
+    assert "unknown leaf queue" in admission_reason(tree, {}, "nope", rv(gpu=1), rv(gpu=10))
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [([QueueSpec("a", parent="ghost")], "not declared"), ([QueueSpec("a"), QueueSpec("a")], "declared twice"),
+     ([QueueSpec("a", parent="b"), QueueSpec("b", parent="a")], "cycle")],
+    ids=["missing parent", "duplicate", "cycle"],
+)
+def test_bad_trees_are_rejected(specs, message):
+    with pytest.raises(ValueError, match=message):
+        QueueTree(specs)

@@ -1,0 +1,109 @@
+"""Reclaim and preemption: the hand-computed cases of ALGORITHMS.md §4 (9-12), §5 (3) and §6 (1-2)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpupool.core import (
+    Bind,
+    ClusterSnapshot,
+    Evict,
+    FixedClock,
+    Framework,
+    QueueSpec,
+    QueueTree,
+    ResourceVector,
+    default_registry,
+    scheduling_profile,
+)
+from gpupool.core.queues import GPU_UNITS
+from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
+
+ONE = make_shape(1000)
+
+
+def gpus(n):
+    return ResourceVector({GPU_UNITS: n * 1000})
+
+
+def _cycle(table, running, jobs, tree, profile="fair-share", now=3600.0):
+    framework = Framework.build(scheduling_profile(profile, "bestfit"), default_registry())
+    snapshot = ClusterSnapshot(table, tuple(jobs), running, queues=tree)
+    from gpupool.core import run_cycle
+    return run_cycle(snapshot, framework, clock=FixedClock(now), rng=random.Random(0))
+
+
+def _a_holds_all(reclaim_min_runtime_s=0.0, started_at=0.0):
+    tree = QueueTree([QueueSpec("A", guaranteed=gpus(4), reclaim_min_runtime_s=reclaim_min_runtime_s),
+                      QueueSpec("B", guaranteed=gpus(4))])
+    table = table_of(make_node("n1", gpus=4), make_node("n2", gpus=4))
+    running = {}
+    for k in range(8):
+        run_on(table, running, f"n{1 + k // 4}", f"a{k}/0", ONE, queue="A", started_at=started_at)
+    return tree, table, running
+
+
+def test_reclaim_takes_back_exactly_what_the_fair_share_allows():
+    tree, table, running = _a_holds_all()
+    result = _cycle(table, running, [make_job("b", ONE, ONE, queue="B")], tree)
+    assert result.fair_shares["A"] == 6000 and result.fair_shares["B"] == 2000
+    evicted = {d.job_id for d in result.decisions if isinstance(d, Evict)}
+    assert len(evicted) == 2 and all(j.startswith("a") for j in evicted)
+    assert {d.job_id for d in result.decisions if isinstance(d, Bind)} == {"b"}
+
+
+def test_reclaim_refused_beyond_the_fair_share():
+    tree, table, running = _a_holds_all()
+    result = _cycle(table, running, [make_job("b", *[ONE] * 6, queue="B")], tree)
+    assert result.fair_shares["B"] == 4000
+    assert result.decisions == () and "b" in result.pending
+
+
+@pytest.mark.parametrize(("now", "want_evictions"), [(600.0, 0), (1800.0, 2)],
+                         ids=["10 min in: protected", "30 min in: reclaimable"])
+def test_reclaim_min_runtime_protects_young_jobs(now, want_evictions):
+    tree, table, running = _a_holds_all(reclaim_min_runtime_s=1800.0)
+    result = _cycle(table, running, [make_job("b", ONE, ONE, queue="B")], tree, now=now)
+    assert len({d.job_id for d in result.decisions if isinstance(d, Evict)}) == want_evictions
+
+
+@pytest.mark.parametrize(("preemptible", "want_started"), [(False, False), (True, True)],
+                         ids=["build (non-preemptible) waits", "train (preemptible) starts"])
+def test_non_preemptible_job_must_fit_its_guarantee(preemptible, want_started):
+    tree = QueueTree([QueueSpec("q", guaranteed=gpus(1), limit=gpus(4))])
+    table = table_of(make_node("n", gpus=4))
+    job = make_job("j", make_shape(1000, gpu_count=2), queue="q", preemptible=preemptible)
+    result = _cycle(table, {}, [job], tree)
+    assert bool(result.decisions) == want_started
+    if not want_started:
+        assert "non-preemptible" in result.pending["j"].message
+
+
+def test_preemption_inside_a_queue_takes_exactly_the_lower_priority_job():
+    tree = QueueTree([QueueSpec("q", guaranteed=gpus(4))])
+    table = table_of(make_node("n", gpus=4))
+    running = {}
+    run_on(table, running, "n", "w1/0", make_shape(1000, gpu_count=2), queue="q", priority=10)
+    run_on(table, running, "n", "w2/0", make_shape(1000, gpu_count=2), queue="q", priority=5)
+    w3 = make_job("w3", make_shape(1000, gpu_count=2), queue="q", priority=8)
+    result = _cycle(table, running, [w3], tree, profile="priority")
+    assert [d.job_id for d in result.decisions if isinstance(d, Evict)] == ["w2"]
+    w4 = make_job("w4", make_shape(1000, gpu_count=2), queue="q", priority=5)
+    assert _cycle(table, running, [w4], tree, profile="priority").decisions == ()
+
+
+def test_two_gangs_never_split_the_cluster_three_and_three():
+    table = table_of(*[make_node(f"n{i}", gpus=1) for i in range(6)])
+    g1 = make_job("g1", *[ONE] * 4, submitted_at=0)
+    g2 = make_job("g2", *[ONE] * 4, submitted_at=0)
+    result = _cycle(table, {}, [g1, g2], None, profile="fifo")
+    assert len(result.decisions) == 4 and {d.job_id for d in result.decisions} == {"g1"}
+
+
+@pytest.mark.parametrize(("free", "want_bound"), [(4, 4), (2, 0)], ids=["4 free: 3 + 1 optional", "2 free: none"])
+def test_elastic_gang_binds_min_plus_what_fits(free, want_bound):
+    table = table_of(make_node("n", gpus=free))
+    job = make_job("g", *[ONE] * 5, min_tasks=3)
+    assert len(_cycle(table, {}, [job], None, profile="fifo").decisions) == want_bound
