@@ -4,8 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED ?= $(abspath ../shared)
+FAKE_GPUS ?= 2xA100-80GB
 
-.PHONY: install run test lint bench clean
+.PHONY: install run demo test lint bench clean
 
 install: $(STAMP)
 
@@ -14,7 +15,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
+# All-in-one: control plane on SQLite, one local agent with two clearly labelled FAKE GPUs (no real
+# GPU needed; on a GPU machine run `.venv/bin/gpupool up` to use the GPUs NVML finds).
 run: install
+	$(VENV)/bin/gpupool up --data-dir gpupool-data --fake-gpus $(FAKE_GPUS)
+
+demo: install
 	$(VENV)/bin/gpupool sim demo --trace-dir $(SHARED)/traces/alibaba-gpu-v2023 --out demo-out
 
 lint: install
@@ -29,4 +35,4 @@ bench: install
 	GPUPOOL_SHARED=$(SHARED) $(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo-out sim-out .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-out sim-out gpupool-data .mypy_cache .ruff_cache

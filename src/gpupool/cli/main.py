@@ -1,14 +1,27 @@
-"""The `gpupool` command. Thin: parse, call, render."""
+"""The `gpupool` command. Thin: parse -> client call -> render."""
 
 from __future__ import annotations
 
 import typer
 
-from gpupool.cli import sim
+from gpupool.cli import cluster, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="gpupool: pool every GPU of an organisation and hand it out dynamically.")
 app.add_typer(sim.app, name="sim")
+app.command()(up.up)
+app.command()(up.server)
+app.command()(up.agent)
+app.command(context_settings={"allow_interspersed_args": False})(cluster.submit)
+app.command()(cluster.jobs)
+app.add_typer(cluster.job_app, name="job")
+app.command()(cluster.queues)
+app.add_typer(cluster.queue_app, name="queue")
+app.command()(cluster.nodes)
+app.add_typer(cluster.node_app, name="node")
+app.command()(cluster.top)
+app.command()(cluster.login)
+app.add_typer(cluster.token_app, name="join-token")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from gpupool.core.diagnostics import PendingReason
 from gpupool.core.model import JobSpec
 from gpupool.core.profile import Framework
 from gpupool.core.queues import GPU_UNITS, QueueTree, model_resource
-from gpupool.core.quota import admission_after, fair_shares
+from gpupool.core.quota import admission_after, admission_reason, fair_shares, minimal_charge
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot
 from gpupool.core.statement import Statement, Workspace
@@ -93,6 +93,7 @@ class Cycle:
         self.tree: QueueTree | None = snapshot.queues
         self.capacity = cluster_capacity(snapshot) if self.tree else ResourceVector()
         self.fair_shares: dict[str, int] = {}
+        self._quota_failures: dict[str, list[tuple[ResourceVector, str]]] = {}
         if self.tree is not None:
             self.fair_shares = fair_shares(self.tree, self.workspace.usage, snapshot.pending,
                                            self.capacity[GPU_UNITS], snapshot.usage_history)
@@ -108,6 +109,23 @@ class Cycle:
 
     def block(self, job: JobSpec, reason: PendingReason) -> None:
         self.pending[job.id] = reason
+
+    def quota_precheck(self, job: JobSpec) -> str:
+        """Before placing: "" unless the job's queues surely cannot hold it (its cheapest charge breaks a rule).
+
+        Usage only grows while allocating, so a charge that failed in a queue fails again for any job of
+        that queue asking at least as much; those jobs are refused without another check.
+        """
+        if self.tree is None:
+            return ""
+        charge = minimal_charge(job, self.tree)
+        for failed, reason in self._quota_failures.get(job.queue, []):
+            if all(charge[r] >= v for r, v in failed.items()):
+                return reason
+        reason = admission_reason(self.tree, self.workspace.usage, job.queue, charge, self.capacity)
+        if reason:
+            self._quota_failures.setdefault(job.queue, []).append((charge, reason))
+        return reason
 
     def quota_reason(self, job: JobSpec) -> str:
         """After a job's tentative placement: "" if its queues may hold it, else the first rule it breaks."""

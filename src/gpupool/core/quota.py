@@ -24,7 +24,7 @@ from gpupool.core.division import QueueNode, ShareRequest, divide_tree
 from gpupool.core.model import JobSpec
 from gpupool.core.queues import DEFAULT_UNIT, GPU_UNITS, NON_PREEMPTIBLE, QueueTree
 from gpupool.core.resources import ResourceVector
-from gpupool.core.units import MILLI
+from gpupool.core.units import CPU, MEMORY, MILLI
 
 
 def add_usage(usage: dict[str, ResourceVector], tree: QueueTree, queue: str, charge: ResourceVector,
@@ -103,12 +103,26 @@ def admission_after(tree: QueueTree, after: Mapping[str, ResourceVector], queue:
     """The admission rules on usage that already includes the new job (every resource in use)."""
     if queue not in tree.specs or not tree.is_leaf(queue):
         return f"unknown leaf queue {queue!r}"
+    leaf = after.get(queue, ResourceVector())
+    resources = sorted(r for r in leaf if r in tree.constrained or (
+        r.startswith(NON_PREEMPTIBLE) and r.removeprefix(NON_PREEMPTIBLE) in tree.constrained) or
+        r.startswith(NON_PREEMPTIBLE))
     for name in tree.paths[queue]:
-        for resource in sorted(after.get(name, ResourceVector())):
+        for resource in resources:
             reason = _level_reason(tree, name, after, resource, cluster)
             if reason:
                 return reason
     return ""
+
+
+def minimal_charge(job: JobSpec, tree: QueueTree) -> ResourceVector:
+    """The least a job can count against its queues wherever it lands (cheapest allowed GPU model)."""
+    units = demand_units(job, tree)
+    amounts = {GPU_UNITS: units, CPU: sum(t.shape.cpu_milli for t in job.tasks),
+               MEMORY: sum(t.shape.memory_mib for t in job.tasks)}
+    if not job.preemptible and units:
+        amounts[NON_PREEMPTIBLE + GPU_UNITS] = units
+    return ResourceVector({k: v for k, v in amounts.items() if v})
 
 
 def demand_units(job: JobSpec, tree: QueueTree) -> int:

@@ -61,6 +61,9 @@ class AllocateAction(Action):
 def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation],
          failed: dict[TaskShape, tuple[int, PendingReason]]) -> PendingReason | None:
     """Start `job` now if it fits off the blocking reservations and under quota; else why not."""
+    precheck = cycle.quota_precheck(job)
+    if precheck:
+        return PendingReason(PendingKind.OVER_QUOTA, precheck)
     with cycle.statement() as stmt:
         fenced = _fence(stmt, blockers)
         reason = place_gang(cycle, job, stmt, failed if not fenced else {})

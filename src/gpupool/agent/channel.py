@@ -1,0 +1,380 @@
+"""The agent's side of the control-plane protocol (gpupool.protocol.agent): registration, then ONE outbound channel.
+
+`register()` trades a join token for a node credential over HTTP. `Channel` keeps a WebSocket to
+`/api/v1/agent/channel` (header `Authorization: Bearer <credential>`), and on every (re)connect:
+
+1. sends `Hello` listing the workloads it has (so the control plane can reconcile);
+2. re-sends every unacknowledged task status and log chunk, renumbered (see `Outbox`);
+3. sends a `Heartbeat` with GPU telemetry and idle GPUs every `heartbeat_s` (±20 % jitter);
+4. handles `Launch` (checked by `check_order`, idempotent), `Stop` (SIGTERM, grace, SIGKILL) and `Ack`.
+
+Across connections it polls workloads and tails their logs every `tick_s`, reconnects with full-jitter exponential
+backoff, and SELF-FENCES: after `fence_s` without any frame from the control plane it stops every workload and
+reports them "fenced" once it is back (RELIABILITY.md §4.2). Stopping the channel (agent shutdown) leaves the
+workloads running, to be adopted by the next agent process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from gpupool.agent.clock import Clock, MonotonicClock, WallClock
+from gpupool.agent.devices.base import DeviceDiscovery
+from gpupool.agent.idle import DEFAULT_IDLE_THRESHOLD_PCT, DEFAULT_IDLE_WINDOW_S, IdleDetector
+from gpupool.agent.orders import EpochRecord
+from gpupool.agent.outbox import Outbox
+from gpupool.agent.runtime.base import RunHandle, WorkloadRuntime
+from gpupool.agent.timing import (
+    DEFAULT_FENCE_S,
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_KILL_GRACE_S,
+    Backoff,
+    FenceTimer,
+    jittered,
+)
+from gpupool.agent.workloads import Workloads
+from gpupool.protocol.agent import (
+    MAX_FRAME_BYTES,
+    Ack,
+    Heartbeat,
+    Hello,
+    Launch,
+    Registration,
+    RegistrationReply,
+    ServerFrame,
+    Stop,
+)
+from gpupool.protocol.devices import GpuInfo, GpuTelemetry
+
+log = logging.getLogger(__name__)
+
+REGISTER_PATH = "/api/v1/agent/register"
+CHANNEL_PATH = "/api/v1/agent/channel"
+SERVER_FRAMES: TypeAdapter[Launch | Stop | Ack] = TypeAdapter(ServerFrame)
+
+
+class RegistrationError(RuntimeError):
+    """Registration failed; `retryable` is True for network errors, 5xx and 429, False for other 4xx."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retryable = retryable
+
+
+class CredentialRejected(RuntimeError):
+    """The control plane refused the node credential (HTTP 401/403 on the channel handshake)."""
+
+
+def endpoint(server_url: str, path: str, *, websocket: bool = False) -> str:
+    """`server_url` (http, https, ws or wss) with `path` appended, in the http(s) or ws(s) scheme as asked."""
+    parts = urlsplit(server_url)
+    secure = parts.scheme in ("https", "wss")
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.netloc:
+        raise ValueError(f"bad control-plane URL {server_url!r}: expected http(s)://host[:port]")
+    scheme = ("wss" if secure else "ws") if websocket else ("https" if secure else "http")
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + path, "", ""))
+
+
+def register(
+    server_url: str,
+    registration: Registration,
+    transport: httpx.BaseTransport | None = None,
+    *,
+    timeout_s: float = 10.0,
+) -> RegistrationReply:
+    """POST `registration` to `{server}/api/v1/agent/register` and return the reply.
+
+    Raises `RegistrationError` carrying the server's own message on an HTTP error, and on an unreachable server
+    or a malformed reply. `transport` lets tests answer without a network.
+    """
+    url = endpoint(server_url, REGISTER_PATH)
+    try:
+        with httpx.Client(transport=transport, timeout=timeout_s) as client:
+            response = client.post(
+                url, content=registration.model_dump_json(), headers={"Content-Type": "application/json"}
+            )
+    except httpx.TransportError as exc:
+        raise RegistrationError(f"cannot reach the control plane at {url}: {exc}", retryable=True) from exc
+    code = response.status_code
+    if code >= 400:
+        message = f"registration refused by {url} (HTTP {code}): {server_message(response)}"
+        raise RegistrationError(message, status_code=code, retryable=code >= 500 or code == 429)
+    try:
+        return RegistrationReply.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise RegistrationError(f"malformed registration reply from {url}: {exc}") from exc
+
+
+def server_message(response: httpx.Response) -> str:
+    """The human message of an error response: FastAPI's `detail`, a `message`/`error` field, or the body text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        for key in ("detail", "message", "error"):
+            if key in body:
+                value = body[key]
+                return value if isinstance(value, str) else json.dumps(value)[:500]
+    return json.dumps(body)[:500]
+
+
+class Connection(Protocol):
+    """What the channel needs of a WebSocket connection (websockets' ClientConnection has it)."""
+
+    async def send(self, message: str) -> None: ...
+
+    async def recv(self) -> str | bytes: ...
+
+
+Connector = Callable[[str, dict[str, str]], AbstractAsyncContextManager[Connection]]
+
+
+def websocket_connector(*, open_timeout_s: float = 10.0, ping_s: float = 10.0) -> Connector:
+    """The real connector: `websockets` (imported on first use), frames capped at MAX_FRAME_BYTES, keepalive pings
+    every `ping_s` and a close handshake bounded by `ping_s`, so a dead TCP connection is noticed and left within
+    about 3 * ping_s; HTTP 401/403 on the handshake raise CredentialRejected."""
+
+    @asynccontextmanager
+    async def connect(url: str, headers: dict[str, str]) -> AsyncIterator[Connection]:
+        from websockets.asyncio.client import connect as ws_connect
+        from websockets.exceptions import InvalidStatus
+
+        try:
+            async with ws_connect(
+                url,
+                additional_headers=headers,
+                open_timeout=open_timeout_s,
+                ping_interval=ping_s,
+                ping_timeout=ping_s,
+                close_timeout=ping_s,
+                max_size=MAX_FRAME_BYTES,
+            ) as ws:
+                yield ws
+        except InvalidStatus as exc:
+            if exc.response.status_code in (401, 403):
+                raise CredentialRejected(f"the control plane refused this node's credential ({exc})") from exc
+            raise
+
+    return connect
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Settings of one channel. `heartbeat_s` and `fence_s` normally come from the RegistrationReply."""
+
+    server_url: str
+    credential: str
+    boot_id: str
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    fence_s: float = DEFAULT_FENCE_S
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S
+    tick_s: float = 0.5
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    idle_threshold_pct: int = DEFAULT_IDLE_THRESHOLD_PCT
+    idle_window_s: float = DEFAULT_IDLE_WINDOW_S
+    epoch_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.heartbeat_s, self.fence_s, self.tick_s) <= 0 or self.kill_grace_s < 0:
+            raise ValueError("heartbeat_s, fence_s and tick_s must be positive and kill_grace_s >= 0")
+        if self.fence_s <= self.heartbeat_s:
+            raise ValueError(f"fence_s ({self.fence_s}) must exceed heartbeat_s ({self.heartbeat_s})")
+
+    @property
+    def url(self) -> str:
+        return endpoint(self.server_url, CHANNEL_PATH, websocket=True)
+
+
+class Channel:
+    """One agent boot's connection to the control plane; see the module docstring for the behaviour.
+
+    `clock` (monotonic) drives fencing, `wall_clock` order expiry, `rng` backoff and heartbeat jitter; `connect`
+    replaces the WebSocket connector. `adopted` are the handles `runtime.adopt()` found at start.
+    """
+
+    def __init__(
+        self,
+        config: ChannelConfig,
+        runtime: WorkloadRuntime,
+        discovery: DeviceDiscovery,
+        *,
+        adopted: Sequence[RunHandle] = (),
+        clock: Clock | None = None,
+        wall_clock: Clock | None = None,
+        rng: random.Random | None = None,
+        connect: Connector | None = None,
+    ) -> None:
+        self._config = config
+        self._runtime = runtime
+        self._discovery = discovery
+        self._clock = clock if clock is not None else MonotonicClock()
+        self._rng = rng if rng is not None else random.Random()
+        self._connect = connect if connect is not None else websocket_connector(ping_s=min(20.0, config.fence_s / 4))
+        self._wake = asyncio.Event()
+        self.outbox = Outbox(config.boot_id, on_put=self._wake.set)
+        self.workloads = Workloads(
+            runtime,
+            self.outbox,
+            wall_clock=wall_clock if wall_clock is not None else WallClock(),
+            epochs=EpochRecord(config.epoch_path),
+            gpu_uuids=node_gpu_uuids(discovery.list_devices()),
+        )
+        self.workloads.adopt(adopted)
+        self.fence_timer = FenceTimer(config.fence_s, self._clock)
+        self.backoff = Backoff(self._rng, base_s=config.backoff_base_s, cap_s=config.backoff_cap_s)
+        self._idle = IdleDetector(self._clock, threshold_pct=config.idle_threshold_pct, window_s=config.idle_window_s)
+        self._stops: set[asyncio.Task[None]] = set()
+        self.connected = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, serve and reconnect until `stop` is set; raises CredentialRejected. Workloads keep running."""
+        self.workloads.tick(connected=False)
+        maintain = asyncio.create_task(self._maintain())
+        try:
+            while not stop.is_set():
+                await self._connect_once(stop)
+                if not stop.is_set():
+                    delay = self.backoff.next_delay()
+                    log.info("reconnecting to %s in %.2f s", self._config.url, delay)
+                    await _wait(stop, delay)
+        finally:
+            maintain.cancel()
+            await asyncio.gather(maintain, return_exceptions=True)
+
+    def handle_frame(self, raw: str | bytes) -> None:
+        """Apply one frame from the control plane (any valid frame also counts as word from it for fencing)."""
+        try:
+            frame = SERVER_FRAMES.validate_json(raw)
+        except ValidationError as exc:
+            log.warning("ignoring a malformed frame from the control plane: %s", str(exc)[:300])
+            return
+        self.fence_timer.heard()
+        self.backoff.reset()
+        if isinstance(frame, Ack):
+            self.workloads.on_acked(self.outbox.ack(frame.seq))
+        elif isinstance(frame, Launch):
+            self.workloads.on_launch(frame)
+        else:
+            handle = self.workloads.on_stop(frame)
+            if handle is not None:
+                self._stop_in_background(handle, frame.grace_s)
+
+    def check_fence(self) -> bool:
+        """Fence now if the control plane has been silent for `fence_s`: stop every workload. True if it fenced."""
+        if not self.fence_timer.should_fence():
+            return False
+        handles = self.workloads.fence()
+        log.error(
+            "self-fencing: no word from the control plane for %.1f s; stopping %d workload(s)",
+            self.fence_timer.silence_s(),
+            len(handles),
+        )
+        for handle in handles:
+            self._stop_in_background(handle, self._config.kill_grace_s)
+        return True
+
+    async def _connect_once(self, stop: asyncio.Event) -> None:
+        headers = {"Authorization": f"Bearer {self._config.credential}"}
+        try:
+            async with self._connect(self._config.url, headers) as conn:
+                await self._serve(conn, stop)
+        except CredentialRejected:
+            raise
+        except Exception as exc:  # any failure of one connection means: back off and reconnect
+            log.warning("channel to %s lost: %s: %s", self._config.url, type(exc).__name__, exc)
+        finally:
+            self.connected = False
+            self.outbox.requeue()
+
+    async def _serve(self, conn: Connection, stop: asyncio.Event) -> None:
+        """Hello, then reader, writer and heartbeats until one of them ends or `stop` is set."""
+        hello = Hello(
+            boot_id=self._config.boot_id, seq=self.outbox.next_seq(), running=self.workloads.running_reports()
+        )
+        await conn.send(hello.model_dump_json())
+        self.connected = True
+        self._wake.set()
+        tasks = [asyncio.create_task(coro) for coro in (self._read(conn), self._write(conn), self._beat(), stop.wait())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def _read(self, conn: Connection) -> None:
+        while True:
+            self.handle_frame(await conn.recv())
+
+    async def _write(self, conn: Connection) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for frame in self.outbox.take():
+                await conn.send(frame.model_dump_json())
+
+    async def _beat(self) -> None:
+        while True:
+            telemetry = await asyncio.to_thread(self._telemetry)
+            idle = self._idle.observe(telemetry)
+            beat = Heartbeat(boot_id=self._config.boot_id, seq=0, telemetry=telemetry, idle_gpus=idle[:64])
+            self.outbox.put(beat, reliable=False)
+            await asyncio.sleep(jittered(self._config.heartbeat_s, self._rng))
+
+    def _telemetry(self) -> list[GpuTelemetry]:
+        try:
+            return self._discovery.telemetry()
+        except Exception as exc:  # a broken sensor must not stop heartbeats
+            log.warning("GPU telemetry failed: %s", exc)
+            return []
+
+    async def _maintain(self) -> None:
+        """Every tick_s, connected or not: poll workloads, tail logs, fence when due."""
+        while True:
+            try:
+                self.workloads.tick(connected=self.connected)
+                self.check_fence()
+            except Exception:  # one bad tick must not end fencing and reporting
+                log.exception("workload tick failed")
+            await asyncio.sleep(self._config.tick_s)
+
+    def _stop_in_background(self, handle: RunHandle, grace_s: float) -> None:
+        task = asyncio.create_task(self._stop(handle, grace_s))
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+
+    async def _stop(self, handle: RunHandle, grace_s: float) -> None:
+        try:
+            await asyncio.to_thread(self._runtime.stop, handle, grace_s)
+        except Exception:  # reported by the next poll; keep the agent alive
+            log.exception("stopping %s failed", handle.key)
+
+
+def node_gpu_uuids(gpus: Sequence[GpuInfo]) -> set[str]:
+    """Every UUID a launch order may name on this node: the GPUs and their MIG instances."""
+    return {gpu.uuid for gpu in gpus} | {mig.uuid for gpu in gpus for mig in gpu.mig_instances}
+
+
+async def _wait(stop: asyncio.Event, timeout_s: float) -> None:
+    """Sleep `timeout_s`, or less when `stop` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout_s)

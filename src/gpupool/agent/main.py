@@ -1,0 +1,222 @@
+"""The node agent's entry point: discover devices, register once, adopt surviving workloads, run the channel.
+
+`run_agent` is what `gpupool agent` calls. Files under `data_dir` (created 0700):
+
+    node.json        node id, credential, heartbeat_s and fence_s from registration (0600); its presence means
+                     "registered": a restarted agent reuses it and never spends a join token again
+    epoch            the highest control-plane epoch seen (stale orders stay refused across restarts)
+    workloads/       the runtime's per-workload folders (state, exit code, log)
+
+Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
+agent process adopts them. Exit codes: 0 after a signal, 2 for bad configuration or a refused registration,
+3 when the control plane rejects the saved credential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import re
+import signal
+import socket
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpupool.agent.channel import Channel, ChannelConfig, CredentialRejected, RegistrationError, register
+from gpupool.agent.devices import DeviceDiscovery, open_discovery
+from gpupool.agent.runtime.container import open_runtime
+from gpupool.agent.timing import Backoff
+from gpupool.protocol.agent import Registration
+
+log = logging.getLogger(__name__)
+
+NODE_FILE = "node.json"
+EPOCH_FILE = "epoch"
+WORKLOADS_DIR = "workloads"
+EXIT_OK, EXIT_CONFIG, EXIT_CREDENTIAL = 0, 2, 3
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What registration gave this node, as saved in `node.json`."""
+
+    server: str
+    name: str
+    node_id: str
+    credential: str
+    heartbeat_s: float
+    fence_s: float
+
+
+def load_identity(data_dir: Path, server: str) -> NodeIdentity | None:
+    """The saved identity for `server`, or None when absent, unreadable, or saved for another server."""
+    path = data_dir / NODE_FILE
+    if not path.exists():
+        return None
+    try:
+        identity = NodeIdentity(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("ignoring unreadable %s: %s", path, exc)
+        return None
+    if identity.server.rstrip("/") != server.rstrip("/"):
+        log.warning("%s belongs to %s, not %s: registering again", path, identity.server, server)
+        return None
+    return identity
+
+
+def save_identity(data_dir: Path, identity: NodeIdentity) -> None:
+    """Write `node.json` atomically with mode 0600 (it holds the node credential)."""
+    path = data_dir / NODE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(asdict(identity), out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def machine_resources(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int]:
+    """(cpu_milli, memory_mib) of this machine: os.cpu_count() * 1000 and MemTotal (0 when unreadable)."""
+    cpu_milli = (os.cpu_count() or 0) * 1000
+    try:
+        match = re.search(r"^MemTotal:\s+(\d+)\s*kB", meminfo.read_text(), re.MULTILINE)
+    except OSError:
+        match = None
+    return cpu_milli, int(match[1]) // 1024 if match else 0
+
+
+def default_node_name() -> str:
+    """The short host name, cleaned to the characters a node name allows."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0]).lstrip("._-")
+    return name[:128] or "node"
+
+
+def new_boot_id() -> str:
+    """A fresh id for this agent process: frame seqs restart from 0 under it."""
+    return uuid.uuid4().hex
+
+
+def build_registration(join_token: str, name: str, boot_id: str, discovery: DeviceDiscovery) -> Registration:
+    cpu_milli, memory_mib = machine_resources()
+    return Registration(
+        join_token=join_token,
+        name=name,
+        boot_id=boot_id,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        gpus=discovery.list_devices(),
+    )
+
+
+async def obtain_identity(
+    server: str, join_token: str | None, data_dir: Path, registration: Registration | None, stop: asyncio.Event
+) -> NodeIdentity | None:
+    """The saved identity, else register (retrying network errors and 5xx with backoff until `stop`) and save it.
+
+    Raises RegistrationError for a refused registration, ValueError when there is nothing to register with.
+    Returns None when `stop` was set first.
+    """
+    saved = load_identity(data_dir, server)
+    if saved is not None:
+        return saved
+    if registration is None or not join_token:
+        raise ValueError(f"this node is not registered with {server}: give a join token")
+    backoff = Backoff(random.Random())
+    while not stop.is_set():
+        try:
+            reply = await asyncio.to_thread(register, server, registration)
+        except RegistrationError as exc:
+            if not exc.retryable:
+                raise
+            delay = backoff.next_delay()
+            log.warning("%s; retrying in %.1f s", exc, delay)
+            await _sleep_unless(stop, delay)
+            continue
+        identity = NodeIdentity(
+            server, registration.name, reply.node_id, reply.credential, reply.heartbeat_s, reply.fence_s
+        )
+        save_identity(data_dir, identity)
+        log.info("registered as node %s (%s)", identity.node_id, identity.name)
+        return identity
+    return None
+
+
+def run_agent(
+    server: str,
+    join_token: str | None,
+    data_dir: str | Path,
+    name: str | None,
+    fake_gpus: str | None,
+    heartbeat_s: float | None = None,
+) -> int:
+    """Run the node agent until SIGTERM/SIGINT; see the module docstring for files and exit codes.
+
+    `fake_gpus` is a FakeDiscovery spec ("" for a GPU-less node); None means real GPUs through NVML.
+    `heartbeat_s` overrides the control plane's heartbeat interval.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    directory = Path(data_dir)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    node_name = name or default_node_name()
+    try:
+        with open_discovery(fake_gpus, node=node_name) as discovery:
+            return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s))
+    except (RegistrationError, ValueError) as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+
+
+async def _agent(
+    server: str,
+    join_token: str | None,
+    data_dir: Path,
+    name: str,
+    discovery: DeviceDiscovery,
+    heartbeat_s: float | None,
+) -> int:
+    stop = _stop_on_signals()
+    boot_id = new_boot_id()
+    registration = build_registration(join_token, name, boot_id, discovery) if join_token else None
+    identity = await obtain_identity(server, join_token, data_dir, registration, stop)
+    if identity is None:
+        return EXIT_OK
+    runtime = open_runtime(data_dir / WORKLOADS_DIR)
+    adopted = runtime.adopt()
+    log.info("boot %s: adopted %d workload(s) from %s", boot_id, len(adopted), runtime.directory)
+    config = ChannelConfig(
+        server_url=server,
+        credential=identity.credential,
+        boot_id=boot_id,
+        heartbeat_s=heartbeat_s or identity.heartbeat_s,
+        fence_s=identity.fence_s,
+        epoch_path=data_dir / EPOCH_FILE,
+    )
+    try:
+        await Channel(config, runtime, discovery, adopted=adopted).run(stop)
+    except CredentialRejected as exc:
+        log.error("%s; remove %s and register again with a new join token", exc, data_dir / NODE_FILE)
+        return EXIT_CREDENTIAL
+    log.info("agent stopped; workloads keep running and will be adopted by the next agent")
+    return EXIT_OK
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (the running loop's handlers replace the default ones)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass

@@ -1,0 +1,93 @@
+"""Checking launch orders before anything runs (RELIABILITY.md §4.2): duplicates, stale epochs, expiry, devices.
+
+`check_order` is pure: the caller passes the wall-clock time, the highest epoch seen and what this node already
+runs or ran. `EpochRecord` keeps the highest epoch in a file so a restarted agent still refuses stale orders.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gpupool.agent.runtime.base import WorkloadKey
+from gpupool.protocol.agent import Launch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderCheck:
+    """The verdict on one launch order.
+
+    * "launch": start it;
+    * "duplicate": this (allocation, attempt) already runs or ran here: start nothing, repeat its status;
+    * "refuse": start nothing, answer TaskStatus(state="refused", message=reason).
+    """
+
+    action: Literal["launch", "duplicate", "refuse"]
+    reason: str = ""
+
+
+def check_order(
+    order: Launch,
+    *,
+    now: float,
+    highest_epoch: int,
+    known: Collection[WorkloadKey] = (),
+    gpu_uuids: Collection[str] | None = None,
+) -> OrderCheck:
+    """Judge `order` at wall-clock `now`, in this order:
+
+    1. duplicate when (allocation_id, attempt) is in `known` (checked first: a re-sent order for a workload that
+       already started must not be answered "refused");
+    2. refuse when `order.epoch < highest_epoch` (an order from a deposed control-plane leader);
+    3. refuse when `order.expires_at < now`;
+    4. refuse when `gpu_uuids` is given and the order names a GPU (or MIG instance) this node does not have;
+    5. else launch.
+    """
+    if (order.allocation_id, order.attempt) in known:
+        return OrderCheck("duplicate", "already launched on this node")
+    if order.epoch < highest_epoch:
+        return OrderCheck("refuse", f"stale order: epoch {order.epoch} < highest seen {highest_epoch}")
+    if order.expires_at < now:
+        return OrderCheck("refuse", f"expired order: expires_at {order.expires_at:.3f} < now {now:.3f}")
+    if gpu_uuids is not None:
+        unknown = sorted({grant.uuid for grant in order.gpus} - set(gpu_uuids))
+        if unknown:
+            return OrderCheck("refuse", f"unknown GPU(s) on this node: {', '.join(unknown)}")
+    return OrderCheck("launch")
+
+
+class EpochRecord:
+    """The highest control-plane epoch this node has accepted an order from, kept in `path` when one is given."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._path = path
+        self._highest = self._load()
+
+    @property
+    def highest(self) -> int:
+        return self._highest
+
+    def observe(self, epoch: int) -> None:
+        """Raise the record to `epoch` (never lowers it); persisted atomically."""
+        if epoch <= self._highest:
+            return
+        self._highest = epoch
+        if self._path is not None:
+            tmp = self._path.with_name(self._path.name + ".tmp")
+            tmp.write_text(f"{epoch}\n")
+            os.replace(tmp, self._path)
+
+    def _load(self) -> int:
+        if self._path is None or not self._path.exists():
+            return 0
+        try:
+            return max(0, int(self._path.read_text().strip()))
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable epoch record %s: %s", self._path, exc)
+            return 0

@@ -1,0 +1,97 @@
+"""Run image workloads with podman; plain commands still run as processes (see `ProcessRuntime`).
+
+A launch with an `image` becomes `podman run --rm --name gpupool-<workload> ... IMAGE COMMAND` under the same
+exit-code wrapper and process group, so poll/adopt/exit codes work as for processes. The container gets only the
+order's env and gpupool's variables (passed by name, so values never appear on a command line), no new privileges
+and no capabilities; the network is left at podman's default. GPUs are passed as CDI devices
+(`--device nvidia.com/gpu=<uuid>`) when an NVIDIA CDI spec is installed. Since SIGKILL of `podman run` does not
+stop the container, `stop` and `forget` also `podman rm -f` it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpupool.agent.runtime.base import LaunchSpec, RunHandle, RunState
+from gpupool.agent.runtime.process import ProcessRuntime, gpupool_env, workload_dir_name, workload_env
+from gpupool.protocol.agent import GpuGrant
+
+log = logging.getLogger(__name__)
+
+CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"), Path("/etc/cdi/nvidia.json"))
+
+
+def podman_path() -> str | None:
+    """The podman executable, or None when it is not installed."""
+    return shutil.which("podman")
+
+
+def container_name(allocation_id: str, attempt: int) -> str:
+    return f"gpupool-{workload_dir_name(allocation_id, attempt)}"
+
+
+def podman_argv(podman: str, spec: LaunchSpec, gpus: Sequence[GpuGrant], *, cdi: bool) -> list[str]:
+    """The `podman run` command line for an image workload (env passed by name only)."""
+    if spec.image is None:
+        raise ValueError("podman_argv needs a spec with an image")
+    names = sorted({*spec.env, *gpupool_env(spec, gpus)})
+    argv = [podman, "run", "--rm", "--name", container_name(spec.allocation_id, spec.attempt)]
+    argv += ["--security-opt=no-new-privileges", "--cap-drop=ALL"]
+    argv += [arg for name in names for arg in ("--env", name)]
+    if cdi:
+        argv += [arg for grant in gpus for arg in ("--device", f"nvidia.com/gpu={grant.uuid}")]
+    if spec.workdir:
+        argv += ["--workdir", spec.workdir]
+    return [*argv, spec.image, *spec.command]
+
+
+class ContainerRuntime(ProcessRuntime):
+    """`ProcessRuntime` that runs orders with an image through podman (constructor as ProcessRuntime's)."""
+
+    def __init__(self, directory: Path, *, podman: str | None = None, **kwargs: Any) -> None:
+        super().__init__(directory, **kwargs)
+        found = podman or podman_path()
+        if found is None:
+            raise RuntimeError("podman not found: use ProcessRuntime on this node")
+        self._podman = found
+        self._cdi = any(path.exists() for path in CDI_SPECS)
+
+    def launch(self, spec: LaunchSpec, devices: Sequence[GpuGrant] | None = None) -> RunHandle:
+        if spec.image is None:
+            return super().launch(spec, devices)
+        gpus = spec.gpus if devices is None else tuple(devices)
+        argv = podman_argv(self._podman, spec, gpus, cdi=self._cdi)
+        # podman itself runs on the host, with the host cwd: the workdir applies inside the container only.
+        host_spec = LaunchSpec(
+            spec.allocation_id, spec.attempt, spec.job_id, tuple(argv), spec.env, None, None, gpus, spec.task_index
+        )
+        return self._start(host_spec, argv, workload_env(spec, gpus, self._base_env))
+
+    def stop(self, handle: RunHandle, grace_s: float) -> RunState:
+        state = super().stop(handle, grace_s)
+        self._remove(handle)
+        return state
+
+    def forget(self, handle: RunHandle) -> None:
+        super().forget(handle)
+        self._remove(handle)
+
+    def _remove(self, handle: RunHandle) -> None:
+        """Best effort `podman rm -f` of the workload's container (absent containers are fine)."""
+        command = [self._podman, "rm", "-f", "--ignore", container_name(handle.allocation_id, handle.attempt)]
+        try:
+            subprocess.run(command, capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("podman rm of %s failed: %s", handle.key, exc)
+
+
+def open_runtime(directory: Path, **kwargs: Any) -> ProcessRuntime:
+    """ContainerRuntime when podman is installed, else ProcessRuntime (which refuses orders with an image)."""
+    if podman_path() is not None:
+        return ContainerRuntime(directory, **kwargs)
+    return ProcessRuntime(directory, **kwargs)

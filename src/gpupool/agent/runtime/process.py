@@ -1,0 +1,346 @@
+"""Run workloads as plain processes, each in its own session and process group, under a tiny exit-code wrapper.
+
+Layout under the runtime's directory, one folder per (allocation, attempt):
+
+    <dir>/<allocation>.<attempt>/state.json   pid, pgid, /proc start ticks, host boot id, log path, note (0600)
+    <dir>/<allocation>.<attempt>/output.log   the workload's stdout and stderr (0600)
+    <dir>/<allocation>.<attempt>/exit_code    written by the wrapper (or by `stop` after a SIGKILL)
+
+The files are what lets a restarted agent `adopt()` workloads that outlived it, refuse to signal a reused pid,
+and learn the exit code of a workload that ended while no agent was watching.
+
+Environment of a workload: a few variables of the agent's own environment (`BASE_ENV_KEYS`), then the order's
+`env`, then the variables gpupool owns (see `gpu_env` and `workload_env`), which always win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from gpupool.agent.clock import Clock, MonotonicClock, WallClock
+from gpupool.agent.runtime.base import (
+    RUNNING,
+    LaunchError,
+    LaunchSpec,
+    RunHandle,
+    RunState,
+    WorkloadKey,
+    WorkloadRuntime,
+)
+from gpupool.agent.runtime.procfs import PROC, host_boot_id, read_stat, reap_if_child
+from gpupool.protocol.agent import GpuGrant
+
+log = logging.getLogger(__name__)
+
+BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+WRAPPER = Path(__file__).with_name("_wrapper.py")
+STATE_FILE = "state.json"
+EXIT_FILE = "exit_code"
+LOG_FILE = "output.log"
+KILL_WAIT_S = 5.0
+POLL_STEP_S = 0.02
+STATE_VERSION = 1
+
+
+def gpu_env(gpus: Sequence[GpuGrant]) -> dict[str, str]:
+    """The device variables for `gpus`, in the order the workload sees them.
+
+    * no GPU: `CUDA_VISIBLE_DEVICES=""` and `NVIDIA_VISIBLE_DEVICES=void`, so the workload sees none;
+    * else both list the grant UUIDs (MIG instance UUIDs for MIG slices), comma-separated;
+    * when some grant is a fraction (milli < 1000): `GPUPOOL_GPU_FRACTION` (per device, e.g. "0.25,1"),
+      `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` = the smallest fractional milli / 10 (at least 1), and
+      `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` = "<ordinal>=<memory_mib>M" for each fractional grant with memory_mib > 0.
+    """
+    if not gpus:
+        return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+    uuids = ",".join(grant.uuid for grant in gpus)
+    env = {"CUDA_VISIBLE_DEVICES": uuids, "NVIDIA_VISIBLE_DEVICES": uuids}
+    shared = [grant for grant in gpus if grant.milli < 1000]
+    if shared:
+        env["GPUPOOL_GPU_FRACTION"] = ",".join(f"{grant.milli / 1000:g}" for grant in gpus)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(grant.milli for grant in shared) // 10))
+        limits = [f"{i}={g.memory_mib}M" for i, g in enumerate(gpus) if g.milli < 1000 and g.memory_mib > 0]
+        if limits:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+    return env
+
+
+def gpupool_env(spec: LaunchSpec, gpus: Sequence[GpuGrant]) -> dict[str, str]:
+    """The variables gpupool owns: identity of the workload plus `gpu_env(gpus)`."""
+    return {
+        "GPUPOOL_ALLOCATION_ID": spec.allocation_id,
+        "GPUPOOL_ATTEMPT": str(spec.attempt),
+        "GPUPOOL_JOB_ID": spec.job_id,
+        "GPUPOOL_TASK_INDEX": str(spec.task_index),
+        **gpu_env(gpus),
+    }
+
+
+def workload_env(spec: LaunchSpec, gpus: Sequence[GpuGrant], base_env: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment: `BASE_ENV_KEYS` from `base_env` (PATH defaulted), then `spec.env`, then gpupool's."""
+    env = {key: base_env[key] for key in BASE_ENV_KEYS if key in base_env}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.update(spec.env)
+    env.update(gpupool_env(spec, gpus))
+    return env
+
+
+def workload_dir_name(allocation_id: str, attempt: int) -> str:
+    """A safe, unique folder name for one attempt: unsafe or long ids are cleaned and suffixed with a hash."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", allocation_id)[:80]
+    if safe != allocation_id or not safe.strip("."):
+        safe = f"{safe}-{hashlib.sha256(allocation_id.encode()).hexdigest()[:12]}"
+    return f"{safe}.{attempt}"
+
+
+def shell_exit_code(returncode: int) -> int:
+    """subprocess's returncode in the shell convention: -N (killed by signal N) becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ProcessRuntime(WorkloadRuntime):
+    """Workloads as local processes; see the module docstring for the on-disk layout and the environment.
+
+    Thread-safe: `stop` may run in a worker thread while the event loop polls. `clock` and `sleep` drive the
+    grace-period waits; `wall_clock` stamps `started_at`; `proc` is the /proc root.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+        wall_clock: Clock | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        python: str = sys.executable,
+        proc: Path = PROC,
+    ) -> None:
+        self._root = Path(directory)
+        self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._clock = clock if clock is not None else MonotonicClock()
+        self._wall = wall_clock if wall_clock is not None else WallClock()
+        self._sleep = sleep
+        self._python = python
+        self._proc = proc
+        self._boot_id = host_boot_id(proc)
+        self._children: dict[WorkloadKey, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def directory(self) -> Path:
+        return self._root
+
+    def launch(self, spec: LaunchSpec, devices: Sequence[GpuGrant] | None = None) -> RunHandle:
+        """Start `spec.command` under the wrapper; raises LaunchError for an image (use ContainerRuntime)."""
+        if spec.image is not None:
+            raise LaunchError(f"image {spec.image!r} given, but this node runs plain processes only (no podman)")
+        gpus = spec.gpus if devices is None else tuple(devices)
+        return self._start(spec, list(spec.command), workload_env(spec, gpus, self._base_env))
+
+    def environment(self, spec: LaunchSpec, devices: Sequence[GpuGrant] | None = None) -> dict[str, str]:
+        """The environment `launch` would give `spec` (for inspection and tests)."""
+        return workload_env(spec, spec.gpus if devices is None else tuple(devices), self._base_env)
+
+    def poll(self, handle: RunHandle) -> RunState:
+        """Running, or exited with the recorded exit code (None when it is gone without one)."""
+        child = self._child(handle.key)
+        if child is not None:
+            returncode = child.poll()
+            return RUNNING if returncode is None else self._exited(handle, shell_exit_code(returncode))
+        recorded = read_exit_code(handle)
+        if recorded is not None:
+            return RunState("exited", recorded)
+        if self.is_alive(handle):
+            return RUNNING
+        return RunState("exited", read_exit_code(handle))
+
+    def stop(self, handle: RunHandle, grace_s: float) -> RunState:
+        """SIGTERM the process group, wait `grace_s`, SIGKILL it, wait up to KILL_WAIT_S; the final state."""
+        state = self.poll(handle)
+        if not state.running:
+            return state
+        self._signal(handle, signal.SIGTERM)
+        state = self._wait(handle, grace_s)
+        if not state.running:
+            return state
+        self._signal(handle, signal.SIGKILL)
+        state = self._wait(handle, KILL_WAIT_S)
+        if not state.running and state.exit_code is None:
+            return self._exited(handle, 128 + signal.SIGKILL)
+        return state
+
+    def adopt(self) -> list[RunHandle]:
+        """Every workload with a readable state file under the directory, oldest first."""
+        handles = [h for h in (load_handle(p) for p in self._root.glob(f"*/{STATE_FILE}")) if h is not None]
+        return sorted(handles, key=lambda h: (h.started_at, h.allocation_id, h.attempt))
+
+    def forget(self, handle: RunHandle) -> None:
+        """Delete the workload's folder (state, exit code and log); RuntimeError while it still runs."""
+        if self.poll(handle).running:
+            raise RuntimeError(f"workload {handle.key} still runs; stop it before forgetting it")
+        with self._lock:
+            self._children.pop(handle.key, None)
+        if handle.state_dir is not None:
+            shutil.rmtree(handle.state_dir, ignore_errors=True)
+
+    def set_note(self, handle: RunHandle, note: str) -> RunHandle:
+        """Persist `note` in the state file and return the updated handle."""
+        updated = dataclasses.replace(handle, note=note)
+        write_handle(updated)
+        return updated
+
+    def is_alive(self, handle: RunHandle) -> bool:
+        """True when the handle's process still runs: same kernel boot, same pid, same start time, not a zombie."""
+        if handle.host_boot_id != self._boot_id:
+            return False
+        stat = read_stat(handle.pid, self._proc)
+        if stat is None or stat.start_ticks != handle.start_ticks:
+            return False
+        if stat.is_dead:
+            reap_if_child(handle.pid)
+            return False
+        return True
+
+    def _start(self, spec: LaunchSpec, argv: list[str], env: Mapping[str, str]) -> RunHandle:
+        """Start `argv` under the wrapper in a new session; persist and return its handle."""
+        state_dir = self._root / workload_dir_name(spec.allocation_id, spec.attempt)
+        if (state_dir / STATE_FILE).exists():
+            raise LaunchError(f"workload {spec.key} already has a record on this node")
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log_path = state_dir / LOG_FILE
+        child = self._spawn(argv, env, spec.workdir or str(state_dir), log_path, state_dir / EXIT_FILE)
+        stat = read_stat(child.pid, self._proc)
+        handle = RunHandle(
+            allocation_id=spec.allocation_id,
+            attempt=spec.attempt,
+            pid=child.pid,
+            started_at=self._wall.now(),
+            log_path=log_path,
+            job_id=spec.job_id,
+            pgid=child.pid,
+            start_ticks=stat.start_ticks if stat is not None else None,
+            host_boot_id=self._boot_id,
+            state_dir=state_dir,
+        )
+        with self._lock:
+            self._children[spec.key] = child
+        write_handle(handle)
+        return handle
+
+    def _spawn(
+        self, argv: list[str], env: Mapping[str, str], cwd: str, log_path: Path, exit_path: Path
+    ) -> subprocess.Popen[bytes]:
+        wrapped = [self._python, "-I", "-S", str(WRAPPER), str(exit_path), "--", *argv]
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            return subprocess.Popen(
+                wrapped,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]!r} in {cwd!r}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    def _child(self, key: WorkloadKey) -> subprocess.Popen[bytes] | None:
+        with self._lock:
+            return self._children.get(key)
+
+    def _exited(self, handle: RunHandle, fallback: int) -> RunState:
+        """Exited: the wrapper's recorded code, else `fallback`, which is then recorded so it survives restarts."""
+        code = read_exit_code(handle)
+        if code is None:
+            code = fallback
+            write_exit_code(handle, code)
+        return RunState("exited", code)
+
+    def _signal(self, handle: RunHandle, signum: int) -> None:
+        """Signal the handle's process group, unless its leader's pid now belongs to another process."""
+        if handle.pgid <= 1 or handle.host_boot_id != self._boot_id:
+            return
+        leader = read_stat(handle.pgid, self._proc)
+        if leader is not None and leader.start_ticks != handle.start_ticks:
+            log.warning("not signalling %s: pid %d was reused", handle.key, handle.pgid)
+            return
+        try:
+            os.killpg(handle.pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _wait(self, handle: RunHandle, timeout_s: float) -> RunState:
+        deadline = self._clock.now() + max(0.0, timeout_s)
+        while True:
+            state = self.poll(handle)
+            remaining = deadline - self._clock.now()
+            if not state.running or remaining <= 0:
+                return state
+            self._sleep(min(POLL_STEP_S, remaining))
+
+
+def read_exit_code(handle: RunHandle) -> int | None:
+    """The recorded exit code of `handle`, or None when none (or an unreadable one) is recorded."""
+    if handle.state_dir is None:
+        return None
+    try:
+        return int((handle.state_dir / EXIT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_exit_code(handle: RunHandle, code: int) -> None:
+    if handle.state_dir is not None:
+        _write_atomic(handle.state_dir / EXIT_FILE, f"{code}\n")
+
+
+def write_handle(handle: RunHandle) -> None:
+    """Persist `handle` as JSON in its state folder (atomically, mode 0600)."""
+    if handle.state_dir is None:
+        raise ValueError("a handle without a state folder cannot be persisted")
+    record = {field.name: getattr(handle, field.name) for field in dataclasses.fields(handle)}
+    record.update(version=STATE_VERSION, log_path=str(handle.log_path), state_dir=str(handle.state_dir))
+    _write_atomic(handle.state_dir / STATE_FILE, json.dumps(record, sort_keys=True))
+
+
+def load_handle(path: Path) -> RunHandle | None:
+    """The handle persisted in `path`, or None (with a warning) when the file is unreadable or malformed."""
+    try:
+        record = json.loads(path.read_text())
+        record.pop("version", None)
+        record["log_path"] = Path(record["log_path"])
+        record["state_dir"] = path.parent
+        return RunHandle(**record)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning("ignoring unreadable workload state %s: %s", path, exc)
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file unique to this process and thread, so concurrent writers never collide."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,95 @@
+"""Pure timing logic of the agent channel: reconnect backoff, heartbeat jitter and the self-fence timer.
+
+Nothing here sleeps or reads a global clock: the caller injects a `Clock` and a `random.Random`, so every rule is
+testable step by step (RELIABILITY.md §2.2 gives the defaults).
+"""
+
+from __future__ import annotations
+
+import random
+
+from gpupool.agent.clock import Clock
+
+DEFAULT_HEARTBEAT_S = 5.0
+DEFAULT_FENCE_S = 40.0
+DEFAULT_KILL_GRACE_S = 10.0
+HEARTBEAT_JITTER = 0.2
+
+
+class Backoff:
+    """Exponential backoff with full jitter: the n-th delay (n = 0, 1, ...) is uniform in [0, min(cap, base * 2^n)].
+
+    `reset()` after a connection that worked starts again from n = 0.
+    """
+
+    def __init__(self, rng: random.Random, *, base_s: float = 0.5, cap_s: float = 30.0) -> None:
+        if base_s <= 0 or cap_s < base_s:
+            raise ValueError("need 0 < base_s <= cap_s")
+        self._rng = rng
+        self._base_s = base_s
+        self._cap_s = cap_s
+        self._attempt = 0
+
+    @property
+    def attempt(self) -> int:
+        """How many delays were handed out since the last reset."""
+        return self._attempt
+
+    def ceiling(self) -> float:
+        """The upper bound of the next delay."""
+        return min(self._cap_s, self._base_s * 2.0 ** min(self._attempt, 64))
+
+    def next_delay(self) -> float:
+        """The next delay in seconds (advances the attempt counter)."""
+        delay = self._rng.uniform(0.0, self.ceiling())
+        self._attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+def jittered(interval_s: float, rng: random.Random, jitter: float = HEARTBEAT_JITTER) -> float:
+    """`interval_s` scaled by a uniform factor in [1 - jitter, 1 + jitter] (heartbeats: ±20 %)."""
+    return interval_s * rng.uniform(1.0 - jitter, 1.0 + jitter)
+
+
+class FenceTimer:
+    """Self-fencing: fires once when nothing was heard from the control plane for `fence_s` seconds.
+
+    Contract: `heard()` records any server frame; `should_fence()` is True exactly once per silence of at least
+    `fence_s` (so the workloads are stopped once), and becomes possible again only after the next `heard()`.
+    The timer starts at construction, so an agent that never reaches the control plane fences too.
+    """
+
+    def __init__(self, fence_s: float, clock: Clock) -> None:
+        if fence_s <= 0:
+            raise ValueError("fence_s must be positive")
+        self._fence_s = fence_s
+        self._clock = clock
+        self._last_heard = clock.now()
+        self._fired = False
+
+    @property
+    def fenced(self) -> bool:
+        """True from the moment the timer fired until the next `heard()`."""
+        return self._fired
+
+    def heard(self) -> None:
+        """A server frame arrived: restart the silence count and re-arm."""
+        self._last_heard = self._clock.now()
+        self._fired = False
+
+    def silence_s(self) -> float:
+        return self._clock.now() - self._last_heard
+
+    def remaining_s(self) -> float:
+        """Seconds until the timer fires (0 when due or already fired)."""
+        return 0.0 if self._fired else max(0.0, self._fence_s - self.silence_s())
+
+    def should_fence(self) -> bool:
+        """True once when the silence reaches `fence_s`; the caller must then stop every workload."""
+        if self._fired or self.silence_s() < self._fence_s:
+            return False
+        self._fired = True
+        return True

@@ -1,0 +1,294 @@
+"""The node's workloads as the channel sees them: orders in, task statuses and log chunks out.
+
+`Workloads` is the synchronous core of the channel. It never touches the network: it turns server orders into
+runtime calls and puts the resulting `TaskStatus` and `LogChunk` frames into the `Outbox`; the channel moves
+frames and runs the blocking `runtime.stop` calls in worker threads. Every method runs on the event-loop thread.
+
+Task status rules (what the control plane is told):
+* "started" once a launch succeeded; a duplicate launch repeats the latest status instead of starting again;
+* "refused" for an order `check_order` refuses, and for a Stop of a workload this node does not have;
+* "failed" when the runtime cannot start it, or when it ended without a recorded exit code;
+* "fenced" when it was stopped by self-fencing (the mark survives an agent restart);
+* "exited" with the exit code otherwise (a stop order's reason goes into the message).
+A workload's record is dropped (and `runtime.forget` called) once its final status is acked and its whole log has
+been sent and acked; the final status of the last `FINISHED_MEMORY` dropped workloads is kept to answer duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpupool.agent.clock import Clock
+from gpupool.agent.logtail import LogTailer
+from gpupool.agent.orders import EpochRecord, check_order
+from gpupool.agent.outbox import Outbox, OutFrame
+from gpupool.agent.runtime.base import LaunchError, LaunchSpec, RunHandle, WorkloadKey, WorkloadRuntime
+from gpupool.protocol.agent import Launch, LogChunk, RunningReport, Stop, TaskStatus
+
+log = logging.getLogger(__name__)
+
+FENCED_NOTE = "fenced"
+FINISHED_MEMORY = 1024
+LOG_WINDOW_CHARS = 256 * 1024
+LOG_TICK_BYTES = 128 * 1024
+LOG_ACKED_FILE = "log.acked"
+StatusState = Literal["started", "exited", "failed", "fenced", "refused"]
+
+
+@dataclass
+class Workload:
+    """One workload this agent knows about, with its log tail and reporting progress."""
+
+    handle: RunHandle
+    tail: LogTailer
+    stop_reason: str = ""
+    stopping: bool = False
+    final: TaskStatus | None = None
+    final_acked: bool = False
+    chunk_ends: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def fenced(self) -> bool:
+        return self.handle.note == FENCED_NOTE
+
+
+class Workloads:
+    """See the module docstring. `gpu_uuids` (GPU and MIG UUIDs of this node) makes orders for other GPUs refused."""
+
+    def __init__(
+        self,
+        runtime: WorkloadRuntime,
+        outbox: Outbox,
+        *,
+        wall_clock: Clock,
+        epochs: EpochRecord | None = None,
+        gpu_uuids: Collection[str] | None = None,
+        log_window_chars: int = LOG_WINDOW_CHARS,
+    ) -> None:
+        self._runtime = runtime
+        self._outbox = outbox
+        self._wall = wall_clock
+        self._epochs = epochs if epochs is not None else EpochRecord()
+        self._gpus = None if gpu_uuids is None else frozenset(gpu_uuids)
+        self._log_window = log_window_chars
+        self._items: dict[WorkloadKey, Workload] = {}
+        self._finished: OrderedDict[WorkloadKey, TaskStatus] = OrderedDict()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def get(self, key: WorkloadKey) -> Workload | None:
+        return self._items.get(key)
+
+    def keys(self) -> list[WorkloadKey]:
+        return list(self._items)
+
+    def adopt(self, handles: Iterable[RunHandle]) -> None:
+        """Take over workloads found on disk by `runtime.adopt()`; their logs resume at the last acked offset."""
+        for handle in handles:
+            tail = LogTailer(handle.log_path, offset=_read_acked_offset(handle))
+            self._items[handle.key] = Workload(handle=handle, tail=tail)
+
+    def running_reports(self) -> list[RunningReport]:
+        """What Hello says: every workload not yet forgotten, except fenced ones (they are reported "fenced")."""
+        reports = []
+        for w in self._items.values():
+            if w.fenced:
+                continue
+            if w.final is None:
+                reports.append(
+                    RunningReport(
+                        allocation_id=w.handle.allocation_id,
+                        attempt=w.handle.attempt,
+                        pid=w.handle.pid,
+                        state="running",
+                    )
+                )
+            else:
+                reports.append(
+                    RunningReport(
+                        allocation_id=w.handle.allocation_id,
+                        attempt=w.handle.attempt,
+                        pid=w.handle.pid,
+                        state="exited",
+                        exit_code=w.final.exit_code,
+                    )
+                )
+        return reports
+
+    def on_launch(self, order: Launch) -> None:
+        """Check the order, then launch, refuse, or repeat the status of a duplicate."""
+        key = (order.allocation_id, order.attempt)
+        known = self._items.keys() | self._finished.keys()
+        verdict = check_order(
+            order, now=self._wall.now(), highest_epoch=self._epochs.highest, known=known, gpu_uuids=self._gpus
+        )
+        if verdict.action == "refuse":
+            log.warning("refusing launch of %s: %s", key, verdict.reason)
+            self._put(self._status(key, "refused", message=verdict.reason))
+        elif verdict.action == "duplicate":
+            self._repeat(key)
+        else:
+            self._epochs.observe(order.epoch)
+            self._launch(LaunchSpec.from_launch(order))
+
+    def on_stop(self, order: Stop) -> RunHandle | None:
+        """Mark the workload as stopping and return its handle for `runtime.stop`; None when nothing is to stop."""
+        key = (order.allocation_id, order.attempt)
+        workload = self._items.get(key)
+        if workload is None:
+            self._repeat(key, unknown="refused")
+            return None
+        if workload.final is not None:
+            self._put(workload.final)
+            return None
+        if workload.stopping:
+            return None  # a stop (or fencing) is already under way: keep its reason
+        workload.stop_reason = order.reason or "stop order"
+        workload.stopping = True
+        return workload.handle
+
+    def fence(self) -> list[RunHandle]:
+        """Mark every live workload fenced (persistently) and return their handles, to be stopped at once."""
+        handles = []
+        for workload in self._items.values():
+            if workload.final is None:
+                workload.handle = self._runtime.set_note(workload.handle, FENCED_NOTE)
+                workload.stopping = True
+                handles.append(workload.handle)
+        return handles
+
+    def tick(self, *, connected: bool) -> None:
+        """Tail logs (when connected), report exits, and drop fully reported workloads."""
+        for workload in list(self._items.values()):
+            if connected:
+                self._tail(workload)
+            if workload.final is None:
+                self._check_exit(workload, connected)
+            if self._done(workload):
+                self._drop(workload)
+
+    def on_acked(self, frames: Iterable[OutFrame]) -> None:
+        """The control plane has these frames: note final statuses and log progress."""
+        for frame in frames:
+            if not isinstance(frame, TaskStatus | LogChunk):
+                continue
+            workload = self._items.get((frame.allocation_id, frame.attempt))
+            if workload is None:
+                continue
+            if isinstance(frame, TaskStatus) and workload.final is not None and frame.state == workload.final.state:
+                workload.final_acked = True
+            elif isinstance(frame, LogChunk):
+                end = workload.chunk_ends.pop(frame.offset, None)
+                if end is not None:
+                    _write_acked_offset(workload.handle, end)
+
+    def _launch(self, spec: LaunchSpec) -> None:
+        try:
+            handle = self._runtime.launch(spec)
+        except LaunchError as exc:
+            log.warning("launch of %s failed: %s", spec.key, exc)
+            status = self._status(spec.key, "failed", message=str(exc)[:2000])
+            self._remember(spec.key, status)
+            self._put(status)
+            return
+        self._items[spec.key] = Workload(handle=handle, tail=LogTailer(handle.log_path))
+        self._put(self._status(spec.key, "started"))
+
+    def _repeat(self, key: WorkloadKey, unknown: StatusState | None = None) -> None:
+        """Re-send the latest status of `key`; for an unknown key, `unknown` (if given) with an explanation."""
+        workload = self._items.get(key)
+        if workload is not None:
+            self._put(workload.final if workload.final is not None else self._status(key, "started"))
+        elif key in self._finished:
+            self._put(self._finished[key])
+        elif unknown is not None:
+            self._put(self._status(key, unknown, message="no such workload on this node"))
+
+    def _tail(self, workload: Workload, *, final: bool = False) -> None:
+        budget = min(LOG_TICK_BYTES, self._log_window - self._outbox.unacked_log_chars)
+        if budget <= 0:
+            return
+        handle = workload.handle
+        for chunk in workload.tail.read(budget, final=final or workload.final is not None):
+            workload.chunk_ends[chunk.offset] = chunk.end
+            self._put(
+                LogChunk(
+                    boot_id=self._outbox.boot_id,
+                    seq=0,
+                    allocation_id=handle.allocation_id,
+                    attempt=handle.attempt,
+                    offset=chunk.offset,
+                    data=chunk.text,
+                )
+            )
+
+    def _check_exit(self, workload: Workload, connected: bool) -> None:
+        state = self._runtime.poll(workload.handle)
+        if state.running:
+            return
+        if connected:
+            self._tail(workload, final=True)
+        workload.final = self._final_status(workload, state.exit_code)
+        self._put(workload.final)
+
+    def _final_status(self, workload: Workload, exit_code: int | None) -> TaskStatus:
+        key = workload.handle.key
+        if workload.fenced:
+            return self._status(key, "fenced", exit_code, "self-fenced: no word from the control plane")
+        if exit_code is None:
+            return self._status(key, "failed", None, "the workload ended without a recorded exit code")
+        message = f"stopped: {workload.stop_reason}" if workload.stop_reason else ""
+        return self._status(key, "exited", exit_code, message)
+
+    def _done(self, workload: Workload) -> bool:
+        return workload.final_acked and not workload.chunk_ends and workload.tail.at_eof()
+
+    def _drop(self, workload: Workload) -> None:
+        assert workload.final is not None
+        self._remember(workload.handle.key, workload.final)
+        del self._items[workload.handle.key]
+        try:
+            self._runtime.forget(workload.handle)
+        except (OSError, RuntimeError) as exc:
+            log.warning("could not forget workload %s: %s", workload.handle.key, exc)
+
+    def _remember(self, key: WorkloadKey, status: TaskStatus) -> None:
+        self._finished[key] = status
+        self._finished.move_to_end(key)
+        while len(self._finished) > FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    def _status(
+        self, key: WorkloadKey, state: StatusState, exit_code: int | None = None, message: str = ""
+    ) -> TaskStatus:
+        return TaskStatus(
+            boot_id=self._outbox.boot_id,
+            seq=0,
+            allocation_id=key[0],
+            attempt=key[1],
+            state=state,
+            exit_code=exit_code,
+            message=message,
+        )
+
+    def _put(self, frame: TaskStatus | LogChunk) -> None:
+        self._outbox.put(frame, reliable=True)
+
+
+def _read_acked_offset(handle: RunHandle) -> int:
+    if handle.state_dir is None:
+        return 0
+    try:
+        return max(0, int((handle.state_dir / LOG_ACKED_FILE).read_text().strip()))
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_acked_offset(handle: RunHandle, offset: int) -> None:
+    if handle.state_dir is not None and handle.state_dir.is_dir():
+        (handle.state_dir / LOG_ACKED_FILE).write_text(f"{offset}\n")

@@ -1,0 +1,79 @@
+"""The CLI's HTTP client: the public API only. Where to connect: GPUPOOL_URL and GPUPOOL_TOKEN, else the
+config file written by `gpupool login` or `gpupool up` ($XDG_CONFIG_HOME/gpupool/config.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8181"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        self.status, self.detail = status, detail
+        super().__init__(f"{status}: {detail}")
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpupool" / "config.json"
+
+
+def save_config(url: str, token: str) -> Path:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"url": url, "token": token}, handle)
+    return path
+
+
+def load_config() -> tuple[str, str | None]:
+    url, token = os.environ.get("GPUPOOL_URL"), os.environ.get("GPUPOOL_TOKEN")
+    if url and token:
+        return url, token
+    path = config_path()
+    saved: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
+    return url or saved.get("url", DEFAULT_URL), token or saved.get("token")
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):  # pydantic validation errors: name each field
+        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
+    return str(detail)
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        saved_url, saved_token = load_config()
+        self.url = (url or saved_url).rstrip("/")
+        token = token or saved_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30.0, transport=transport)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, f"/api/v1{path}", **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach {self.url}: {exc}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _detail(response))
+        return response
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+
+    def post(self, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Any:
+        response = self.request("POST", path, json=body or {}, headers=headers or {})
+        return response.json() if response.content else None

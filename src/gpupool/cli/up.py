@@ -1,0 +1,125 @@
+"""`gpupool server`, `gpupool agent` and `gpupool up` (all-in-one: a control plane on SQLite, one local
+agent, and the dashboard when it exists, as child processes of this command)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import typer
+
+from gpupool.cli.client import save_config
+from gpupool.cli.render import console
+
+
+def server(data_dir: Path = typer.Option(Path("gpupool-data"), help="where the database and logs live"),
+           host: str = typer.Option("127.0.0.1", help="bind address (keep loopback unless behind TLS)"),
+           port: int = typer.Option(8181, min=1, max=65535),
+           database_url: str | None = typer.Option(None, help="postgresql+psycopg://... (default: SQLite in data dir)"),
+           profile: str = typer.Option("default", help="scheduling profile"),
+           log_level: str = typer.Option("warning")) -> None:
+    """Run the control plane (API, scheduler, agent channel)."""
+    args = [sys.executable, "-m", "gpupool.server", "--data-dir", str(data_dir), "--host", host, "--port", str(port),
+            "--profile", profile, "--log-level", log_level]
+    if database_url:
+        args += ["--database-url", database_url]
+    os.execv(sys.executable, args)
+
+
+def agent(server_url: str = typer.Option(..., "--server", help="control plane URL"),
+          join_token: str | None = typer.Option(None, help="single-use join token (first start only)"),
+          data_dir: Path = typer.Option(Path("gpupool-agent"), help="credential, workload state and logs"),
+          name: str | None = typer.Option(None, help="node name (default: host name)"),
+          fake_gpus: str | None = typer.Option(None, help="declare FAKE GPUs, e.g. 8xH100-80GB (no real GPU)")) -> None:
+    """Run a node agent: discovers GPUs, dials out to the control plane, runs granted work."""
+    from gpupool.agent.main import run_agent
+
+    raise typer.Exit(run_agent(server_url, join_token, data_dir, name or os.uname().nodename, fake_gpus))
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the control plane exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).json().get("status") == "ok":
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the control plane did not become ready within 60 s")
+
+
+def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs, admin token"),
+       port: int = typer.Option(8181, min=1, max=65535),
+       fake_gpus: str | None = typer.Option(None, help="FAKE GPUs for the local agent, e.g. 2xA100-80GB")) -> None:
+    """All-in-one: control plane on SQLite + one local agent. Ctrl-C stops both."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    exe = [sys.executable, "-m", "gpupool.cli.main"]
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    server_proc = subprocess.Popen([*exe, "server", "--data-dir", str(data_dir), "--port", str(port)],
+                                   stdout=open(logs / "server.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    children = [server_proc]
+    try:
+        _wait_healthy(url, server_proc)
+        token = (data_dir / "admin.token").read_text().strip()
+        agent_args = [*exe, "agent", "--server", url, "--data-dir", str(data_dir / "agent"), "--name", "local"]
+        if not (data_dir / "agent" / "node.json").exists():
+            join = httpx.post(f"{url}/api/v1/join-tokens", json={"ttl_s": 600},
+                              headers={"Authorization": f"Bearer {token}"}, timeout=10).json()["token"]
+            agent_args += ["--join-token", join]
+        if fake_gpus:
+            agent_args += ["--fake-gpus", fake_gpus]
+        children.append(subprocess.Popen(agent_args, stdout=open(logs / "agent.log", "ab"),  # noqa: SIM115
+                                         stderr=subprocess.STDOUT))
+        config = save_config(url, token)
+        _banner(url, data_dir, config, fake_gpus)
+        _supervise(children)
+    except (RuntimeError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc} (see {logs})")
+        raise typer.Exit(1) from None
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            child.wait(timeout=20)
+
+
+def _banner(url: str, data_dir: Path, config: Path, fake_gpus: str | None) -> None:
+    gpus = f"FAKE GPUs {fake_gpus} (declared; no real GPU)" if fake_gpus else "the GPUs NVML finds"
+    gp = Path(sys.argv[0]).name if Path(sys.argv[0]).name == "gpupool" else "gpupool"
+    console.print(f"""
+[bold green]gpupool is up[/bold green]
+  control plane  {url}   (API docs: {url}/docs, metrics: {url}/metrics)
+  local agent    node "local" with {gpus}
+  admin token    {data_dir / 'admin.token'} (saved for the CLI in {config})
+
+In another shell, try:
+  .venv/bin/{gp} submit --gpus 0.5 -- python3 -c "import os; print('hello from', os.environ['CUDA_VISIBLE_DEVICES'])"
+  .venv/bin/{gp} jobs
+  .venv/bin/{gp} top
+Ctrl-C here stops gpupool (running work is stopped with it).""")
+
+
+def _supervise(children: list[subprocess.Popen[bytes]]) -> None:
+    stop = {"now": False}
+
+    def _stop(*_: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    while not stop["now"]:
+        for child in children:
+            if child.poll() is not None:
+                raise RuntimeError(f"a gpupool process exited with code {child.returncode}")
+        time.sleep(0.5)

@@ -1,0 +1,129 @@
+"""The agent <-> control-plane channel, version 1.
+
+An agent registers once with a single-use join token (`Registration` -> `RegistrationReply`), then
+keeps ONE outbound WebSocket to `/api/v1/agent/channel`, authenticated with its node credential.
+Every frame is a JSON object with a `type`. Agent frames carry a `seq` that grows within a boot
+(`boot_id`); the control plane applies each (boot_id, seq) at most once and answers with `Ack`.
+Launch orders carry the allocation's attempt and the control plane's epoch, and expire: an agent
+refuses expired orders and orders from an older epoch than one it has seen.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpupool.protocol.devices import GpuInfo, GpuTelemetry
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 1 << 20
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Registration(_Frame):
+    join_token: str = Field(min_length=8, max_length=128)
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    boot_id: str = Field(min_length=1, max_length=64)
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
+    site: str = Field(default="", max_length=64)
+    rack: str = Field(default="", max_length=64)
+    protocol: int = PROTOCOL_VERSION
+
+
+class RegistrationReply(_Frame):
+    node_id: str
+    credential: str
+    heartbeat_s: float
+    fence_s: float
+
+
+class RunningReport(_Frame):
+    allocation_id: str
+    attempt: int = Field(ge=0)
+    pid: int | None = None
+    state: Literal["starting", "running", "exited"]
+    exit_code: int | None = None
+
+
+class Hello(_Frame):
+    type: Literal["hello"] = "hello"
+    boot_id: str
+    seq: int = Field(ge=0)
+    running: list[RunningReport] = Field(default_factory=list)
+    protocol: int = PROTOCOL_VERSION
+
+
+class Heartbeat(_Frame):
+    type: Literal["heartbeat"] = "heartbeat"
+    boot_id: str
+    seq: int = Field(ge=0)
+    telemetry: list[GpuTelemetry] = Field(default_factory=list)
+    idle_gpus: list[str] = Field(default_factory=list, max_length=64)  # below the idle threshold for the whole window
+
+
+class TaskStatus(_Frame):
+    type: Literal["task_status"] = "task_status"
+    boot_id: str
+    seq: int = Field(ge=0)
+    allocation_id: str
+    attempt: int = Field(ge=0)
+    state: Literal["started", "exited", "failed", "fenced", "refused"]
+    exit_code: int | None = None
+    message: str = Field(default="", max_length=2000)
+
+
+class LogChunk(_Frame):
+    type: Literal["log"] = "log"
+    boot_id: str
+    seq: int = Field(ge=0)
+    allocation_id: str
+    attempt: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    data: str = Field(max_length=65536)
+
+
+AgentFrame = Annotated[Hello | Heartbeat | TaskStatus | LogChunk, Field(discriminator="type")]
+
+
+class GpuGrant(_Frame):
+    uuid: str
+    index: int = Field(ge=0)
+    milli: int = Field(ge=1, le=1000)
+    memory_mib: int = Field(ge=0)
+
+
+class Launch(_Frame):
+    type: Literal["launch"] = "launch"
+    allocation_id: str
+    attempt: int = Field(ge=0)
+    job_id: str
+    task_index: int = Field(ge=0)
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    image: str | None = None
+    gpus: list[GpuGrant] = Field(default_factory=list)
+    epoch: int = Field(ge=0)
+    expires_at: float
+
+
+class Stop(_Frame):
+    type: Literal["stop"] = "stop"
+    allocation_id: str
+    attempt: int = Field(ge=0)
+    grace_s: float = Field(ge=0)
+    reason: str = ""
+
+
+class Ack(_Frame):
+    type: Literal["ack"] = "ack"
+    seq: int = Field(ge=0)
+
+
+ServerFrame = Annotated[Launch | Stop | Ack, Field(discriminator="type")]

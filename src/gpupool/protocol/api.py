@@ -1,0 +1,294 @@
+"""Public HTTP API models, version 1 (`/api/v1`), shared by the control plane, the CLI and the dashboard.
+
+Requests forbid unknown fields, so a misspelt field is a 422 that names it, never silently ignored.
+GPU amounts are decimal strings in 10 % steps ("0.5", "1", "8"); they become milli-GPU at the edge.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+API_VERSION = "v1"
+ROLES = ("viewer", "member", "project-admin", "tenant-admin", "operator")
+Role = Literal["viewer", "member", "project-admin", "tenant-admin", "operator"]
+NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+JOB_STATES = ("pending_approval", "pending", "scheduled", "running", "succeeded", "failed", "cancelled", "denied")
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "denied"})
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def gpus_to_milli(value: str | int | float) -> int:
+    """"0.5" -> 500. Fractions of one GPU must be 10 % steps; more than one GPU must be whole."""
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a number of GPUs") from None
+    if not amount.is_finite() or amount < 0 or amount > 64:
+        raise ValueError("must be between 0 and 64")
+    milli = amount * 1000
+    if amount > 1 and amount != amount.to_integral_value():
+        raise ValueError("more than one GPU must be a whole number")
+    if milli % 100:
+        raise ValueError("fractions of a GPU go in 10 % steps (0.1, 0.2, ... 0.9)")
+    return int(milli)
+
+
+class Resources(_Request):
+    gpus: str | None = None
+    cpus: str | None = None
+    memory_mib: int | None = Field(default=None, ge=0)
+    per_model: dict[str, str] = Field(default_factory=dict, description="GPUs of one model, e.g. {'H100': '8'}")
+
+    @field_validator("gpus", "cpus")
+    @classmethod
+    def _decimal(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                if Decimal(value) < 0:
+                    raise ValueError
+            except (InvalidOperation, ValueError):
+                raise ValueError(f"{value!r} is not a non-negative number") from None
+        return value
+
+
+class OrgCreate(_Request):
+    name: str = Field(pattern=NAME)
+
+
+class OrgOut(_Response):
+    id: str
+    name: str
+
+
+class ProjectCreate(_Request):
+    name: str = Field(pattern=NAME)
+    org: str | None = Field(default=None, description="organisation name (operators only)")
+    cost_centre: str = Field(default="", max_length=64)
+
+
+class ProjectOut(_Response):
+    id: str
+    name: str
+    org: str
+    cost_centre: str
+
+
+class UserCreate(_Request):
+    name: str = Field(pattern=NAME)
+    role: Role = "member"
+    projects: list[str] = Field(default_factory=list, max_length=64)
+    org: str | None = None
+
+
+class UserOut(_Response):
+    id: str
+    name: str
+    org: str
+    role: Role
+    projects: list[str]
+
+
+class TokenCreate(_Request):
+    name: str = Field(default="", max_length=64)
+    user: str | None = Field(default=None, description="user name in your organisation (admins only)")
+    ttl_s: int | None = Field(default=None, ge=60, le=366 * 86400)
+
+
+class TokenOut(_Response):
+    id: str
+    prefix: str
+    name: str
+    user: str | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    token: str | None = Field(default=None, description="the secret, shown once at creation")
+
+
+class JoinTokenCreate(_Request):
+    ttl_s: int = Field(default=3600, ge=60, le=86400)
+
+
+class JoinTokenOut(_Response):
+    token: str
+    expires_at: datetime
+
+
+class QueueCreate(_Request):
+    name: str = Field(pattern=NAME)
+    parent: str | None = None
+    org: str | None = None
+    guaranteed: Resources = Field(default_factory=Resources)
+    limit: Resources | None = None
+    borrow_limit: Resources | None = None
+    lend_limit: Resources | None = None
+    over_quota_weight: int = Field(default=1, ge=0, le=1000)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    approval_above_gpus: str | None = Field(default=None, description="jobs asking more need a project admin")
+    preempt_min_runtime_s: float = Field(default=0, ge=0)
+    reclaim_min_runtime_s: float = Field(default=0, ge=0)
+    idle_reclaim_s: float | None = Field(default=None, gt=0)
+
+
+class QueueOut(_Response):
+    name: str
+    parent: str | None
+    org: str | None
+    guaranteed: dict[str, Any]
+    limit: dict[str, Any] | None
+    over_quota_weight: int
+    priority: int
+    used_gpus: float = 0
+    fair_share_gpus: float = 0
+    pending_jobs: int = 0
+    running_jobs: int = 0
+
+
+class JobCreate(_Request):
+    command: list[str] = Field(min_length=1, max_length=256)
+    name: str = Field(default="", max_length=128)
+    project: str | None = None
+    queue: str | None = None
+    image: str | None = Field(default=None, max_length=512)
+    env: dict[str, str] = Field(default_factory=dict, max_length=128)
+    workdir: str | None = Field(default=None, max_length=1024)
+    tasks: int = Field(default=1, ge=1, le=256, description="gang size")
+    min_tasks: int | None = Field(default=None, ge=1, le=256)
+    gpus: str = Field(default="1", description="GPUs per task: a 10 % step below one, or a whole number")
+    gpu_memory_mib: int = Field(default=0, ge=0, le=1 << 20)
+    gpu_models: list[str] = Field(default_factory=list, max_length=16)
+    cpus: str = Field(default="1")
+    memory_mib: int = Field(default=1024, ge=0, le=1 << 24)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    preemptible: bool = True
+    runtime_limit_s: int | None = Field(default=None, ge=1, le=366 * 86400)
+    tags: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: str) -> str:
+        gpus_to_milli(value)
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: str) -> str:
+        try:
+            amount = Decimal(value)
+        except InvalidOperation:
+            raise ValueError(f"{value!r} is not a number of CPUs") from None
+        if not amount.is_finite() or amount < 0 or amount > 4096 or (amount * 1000) % 1:
+            raise ValueError("must be between 0 and 4096 in steps of 0.001")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+
+class PendingReasonOut(_Response):
+    kind: str
+    message: str
+    details: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class AllocationOut(_Response):
+    id: str
+    task_index: int
+    attempt: int
+    node: str
+    state: str
+    gpus: list[dict[str, Any]]
+    started_at: datetime | None
+    released_at: datetime | None
+    exit_code: int | None
+
+
+class JobOut(_Response):
+    id: str
+    name: str
+    project: str
+    user: str
+    queue: str
+    state: str
+    attempt: int
+    preemptions: int
+    priority: int
+    gpus: str
+    tasks: int
+    command: list[str]
+    tags: dict[str, str]
+    submitted_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    reason: PendingReasonOut | None = None
+    allocations: list[AllocationOut] = Field(default_factory=list)
+
+
+class JobPage(_Response):
+    items: list[JobOut]
+    next_cursor: str | None = None
+
+
+class EventOut(_Response):
+    at: datetime
+    kind: str
+    message: str
+
+
+class Decision(_Request):
+    note: str = Field(default="", max_length=500)
+
+
+class GpuOut(_Response):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    allocated_milli: int
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    fake: bool = False
+
+
+class NodeOut(_Response):
+    name: str
+    state: str
+    cordoned: bool
+    cpu_milli: int
+    memory_mib: int
+    site: str
+    gpus: list[GpuOut]
+    last_seen: datetime | None
+
+
+class UsageRow(_Response):
+    project: str
+    user: str
+    node: str
+    job: str
+    gpus: float
+    gpu_models: list[str]
+    since: datetime | None
+
+
+class Whoami(_Response):
+    user: str | None
+    org: str | None
+    role: str
+    projects: list[str]

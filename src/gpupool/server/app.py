@@ -1,0 +1,148 @@
+"""The control plane as one FastAPI application: `create_app(settings)`.
+
+Start-up, in order: 1. migrate the database; 2. on a fresh database create the default organisation,
+project, queue and operator, and write the operator's token to DATA_DIR/admin.token (0600); 3. load
+nodes and open allocations into the scheduler's cache; 4. start the scheduler loop and the liveness
+monitor. Shutdown stops both; running workloads are untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import generate_latest
+from sqlalchemy import select
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+
+import gpupool
+from gpupool.core import DeviceShare
+from gpupool.protocol.agent import Registration, RegistrationReply
+from gpupool.server.agent_hub import AgentHub
+from gpupool.server.db.engine import Database, migrate
+from gpupool.server.db.models import Allocation, AllocationSlot, Job
+from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, job_spec
+from gpupool.server.metrics import Metrics
+from gpupool.server.routers import api
+from gpupool.server.scheduler.binder import Binder
+from gpupool.server.scheduler.cache import ClusterCache, running_task
+from gpupool.server.scheduler.lease import SchedulerLease, holder_id
+from gpupool.server.scheduler.loop import SchedulerLoop
+from gpupool.server.services.lifecycle import Lifecycle
+from gpupool.server.services.tenancy import bootstrap
+from gpupool.server.settings import Settings
+
+
+class BodyLimit(BaseHTTPMiddleware):
+    def __init__(self, app: object, limit: int) -> None:
+        super().__init__(app)  # type: ignore[arg-type]
+        self.limit = limit
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return JSONResponse({"detail": f"body larger than {self.limit} bytes"}, status_code=413)
+        return await call_next(request)
+
+
+def _write_admin_token(settings: Settings, token: str) -> None:
+    path = settings.data_dir / "admin.token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+
+
+def _load_cache(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
+    hub.reload_nodes()
+    with db.session() as session:
+        for allocation in session.scalars(select(Allocation).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+            job = session.get(Job, allocation.job_id)
+            node = next((e for e in cache.nodes.values() if e.node_id == allocation.node_id), None)
+            if job is None or node is None:
+                continue
+            spec = job_spec(job)
+            shares = tuple(DeviceShare(i, m, mem) for i, m, mem in allocation.shares)
+            slots = tuple((s.gpu_id, s.slot) for s in session.scalars(select(AllocationSlot).where(
+                AllocationSlot.allocation_id == allocation.id, AllocationSlot.released_at.is_(None))))
+            task = running_task(f"{job.id}/{allocation.task_index}", spec, node.spec.name,
+                                spec.tasks[allocation.task_index].shape, shares, time.time())
+            cache.assume(allocation.id, task, slots)
+            hub.last_seen.setdefault(allocation.node_id, time.monotonic())
+
+
+def create_app(settings: Settings) -> FastAPI:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_url)
+    cache = ClusterCache()
+    hub = AgentHub(db, cache, settings)
+    metrics = Metrics(cache)
+    binder = Binder(db, cache, hub, settings.launch_ttl_s, settings.kill_grace_s)
+    lease = SchedulerLease(db, settings.data_dir, holder_id())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(migrate, settings.db_url)
+        with db.session() as session:
+            token = bootstrap(session)
+        if token is not None:
+            _write_admin_token(settings, token)
+        loop = SchedulerLoop(db, cache, binder, lease, settings.profile, settings.placement,
+                             settings.cycle_interval_s, metrics)
+        lifecycle = Lifecycle(db, cache, hub, loop.wake, settings.kill_grace_s)
+        hub.lifecycle, hub.binder, hub.loop = lifecycle, binder, asyncio.get_running_loop()
+        await asyncio.to_thread(_load_cache, db, cache, hub)
+        app.state.scheduler, app.state.lifecycle = loop, lifecycle
+        loop.start()
+        monitor = asyncio.create_task(hub.monitor())
+        yield
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+        await asyncio.to_thread(loop.stop)
+
+    app = FastAPI(title="gpupool", version=gpupool.__version__, lifespan=lifespan)
+    app.state.db, app.state.cache, app.state.hub, app.state.settings = db, cache, hub, settings
+    app.state.fair_shares = lambda: {}
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.include_router(api.router)
+    _system_routes(app, metrics)
+    _agent_routes(app, hub)
+    return app
+
+
+def _system_routes(app: FastAPI, metrics: Metrics) -> None:
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz(request: Request) -> dict[str, object]:
+        loop = getattr(request.app.state, "scheduler", None)
+        return {"status": "ok" if loop is not None else "starting", "cycles": loop.cycles if loop else 0}
+
+    @app.get("/version", include_in_schema=False)
+    def version() -> dict[str, str]:
+        return {"version": gpupool.__version__, "api": "v1"}
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus(request: Request) -> Response:
+        metrics.refresh({}, {}, {})
+        return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+
+
+def _agent_routes(app: FastAPI, hub: AgentHub) -> None:
+    @app.post("/api/v1/agent/register", response_model=RegistrationReply, tags=["agents"])
+    async def register(body: Registration, request: Request) -> RegistrationReply:
+        reply = await asyncio.to_thread(hub.register, body)
+        request.app.state.scheduler.wake()
+        return reply
+
+    @app.websocket("/api/v1/agent/channel")
+    async def channel(ws: WebSocket) -> None:
+        await hub.serve(ws)

@@ -1,0 +1,98 @@
+"""API tokens and who is calling.
+
+Tokens look like `gp_<prefix>_<secret>`: 256 random bits, stored only as a SHA-256 hash, found by their
+prefix (shown in listings), revocable and optionally expiring. Node credentials are tokens bound to a node.
+Roles rank viewer < member < project-admin < tenant-admin < operator; operators see every tenant,
+everyone else only their own organisation (another tenant's objects answer 404).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from fastapi import HTTPException, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.protocol.api import ROLES
+from gpupool.server.db.models import Node, Org, Token, User
+
+RANK = {role: i for i, role in enumerate(ROLES)}
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str]:
+    """(prefix, full token) for a fresh API token."""
+    prefix = secrets.token_hex(5)
+    return prefix, f"gp_{prefix}_{secrets.token_urlsafe(32)}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: str
+    user_id: str | None = None
+    user_name: str | None = None
+    org_id: str | None = None
+    org_name: str | None = None
+    projects: tuple[str, ...] = field(default_factory=tuple)
+    node_id: str | None = None
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"
+
+    def at_least(self, role: str) -> bool:
+        return RANK.get(self.role, -1) >= RANK[role]
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.startswith("gp_"):
+        raise HTTPException(401, "missing or malformed bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return value.strip()
+
+
+def resolve(session: Session, token: str) -> Principal:
+    """The principal a token stands for; 401 for unknown, revoked or expired tokens."""
+    parts = token.split("_", 2)
+    if len(parts) != 3 or parts[0] != "gp":
+        raise HTTPException(401, "malformed token")
+    row = session.scalar(select(Token).where(Token.prefix == parts[1]))
+    now = datetime.now(UTC)
+    if row is None or not hmac.compare_digest(row.secret_hash, hash_secret(token)):
+        raise HTTPException(401, "unknown token")
+    if row.revoked_at is not None or (row.expires_at is not None and _aware(row.expires_at) <= now):
+        raise HTTPException(401, "token revoked or expired")
+    if row.node_id is not None:
+        node = session.get(Node, row.node_id)
+        return Principal(role="agent", node_id=node.id if node else None)
+    user = session.get(User, row.user_id)
+    if user is None:
+        raise HTTPException(401, "token has no user")
+    org = session.get(Org, user.org_id)
+    return Principal(user.role, user.id, user.name, user.org_id, org.name if org else None, tuple(user.projects))
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def principal_from(request: Request) -> Principal:
+    token = _bearer(request)
+    db = request.app.state.db
+    with db.session() as session:
+        return resolve(session, token)
+
+
+def require(principal: Principal, role: str) -> None:
+    """403 unless the caller holds at least `role` (agents hold no user role)."""
+    if principal.role == "agent" or not principal.at_least(role):
+        raise HTTPException(403, f"this needs the {role} role")

@@ -1,0 +1,202 @@
+"""SQLAlchemy tables. ORM rows never leave `gpupool.server.db`; repositories convert them.
+
+Invariants enforced by the database itself (RELIABILITY.md §2.1):
+- I1: a GPU slot (one tenth of a GPU) has at most one open allocation: a unique partial index on
+  (gpu_id, slot) WHERE released_at IS NULL;
+- I3: one job per (organisation, idempotency key): a unique constraint;
+- names are unique where people type them (organisations, projects within one, queues, nodes).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Org(Base):
+    __tablename__ = "orgs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    cost_centre: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class User(Base):
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(32))
+    projects: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(64), default="")
+    user_id: Mapped[str | None] = mapped_column(ForeignKey("users.id"), index=True)
+    node_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    expires_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JoinToken(Base):
+    __tablename__ = "join_tokens"
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column()
+    used_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class QueueRow(Base):
+    __tablename__ = "queues"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    org_id: Mapped[str | None] = mapped_column(ForeignKey("orgs.id"), index=True)
+    parent: Mapped[str | None] = mapped_column(String(64))
+    guaranteed: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    limit: Mapped[dict[str, Any] | None] = mapped_column()
+    borrow_limit: Mapped[dict[str, Any] | None] = mapped_column()
+    lend_limit: Mapped[dict[str, Any] | None] = mapped_column()
+    over_quota_weight: Mapped[int] = mapped_column(default=1)
+    priority: Mapped[int] = mapped_column(default=0)
+    approval_above_milli: Mapped[int | None] = mapped_column()
+    preempt_min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
+    reclaim_min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_reclaim_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("org_id", "idempotency_key"), Index("ix_jobs_state", "state"))
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    seq: Mapped[int] = mapped_column(Integer, index=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    queue: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(128), default="")
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    state: Mapped[str] = mapped_column(String(24))
+    attempt: Mapped[int] = mapped_column(default=0)
+    preemptions: Mapped[int] = mapped_column(default=0)
+    priority: Mapped[int] = mapped_column(default=0)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    reason: Mapped[dict[str, Any] | None] = mapped_column()
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    exit_code: Mapped[int | None] = mapped_column()
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default="ready")
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    cpu_milli: Mapped[int] = mapped_column()
+    memory_mib: Mapped[int] = mapped_column()
+    site: Mapped[str] = mapped_column(String(64), default="")
+    rack: Mapped[str] = mapped_column(String(64), default="")
+    boot_id: Mapped[str] = mapped_column(String(64), default="")
+    last_seen: Mapped[datetime | None] = mapped_column()
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    index: Mapped[int] = mapped_column()
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    model: Mapped[str] = mapped_column(String(64))
+    memory_mib: Mapped[int] = mapped_column()
+    fake: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Allocation(Base):
+    __tablename__ = "allocations"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    task_index: Mapped[int] = mapped_column()
+    attempt: Mapped[int] = mapped_column()
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    gpu_milli: Mapped[int] = mapped_column(default=0)
+    cpu_milli: Mapped[int] = mapped_column(default=0)
+    memory_mib: Mapped[int] = mapped_column(default=0)
+    shares: Mapped[list[Any]] = mapped_column(default=list)
+    leader_epoch: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    released_at: Mapped[datetime | None] = mapped_column()
+    exit_code: Mapped[int | None] = mapped_column()
+    release_reason: Mapped[str] = mapped_column(String(32), default="")
+
+
+class AllocationSlot(Base):
+    """One tenth of one GPU held by an allocation (fractions are granted in 10 % steps)."""
+
+    __tablename__ = "allocation_slots"
+    __table_args__ = (Index("uq_open_gpu_slot", "gpu_id", "slot", unique=True,
+                            sqlite_where=text("released_at IS NULL"), postgresql_where=text("released_at IS NULL")),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id"), index=True)
+    gpu_id: Mapped[str] = mapped_column(ForeignKey("gpus.id"))
+    slot: Mapped[int] = mapped_column()
+    released_at: Mapped[datetime | None] = mapped_column()
+
+
+class Lease(Base):
+    """The scheduler lease: one holder at a time; `epoch` grows at every takeover (fencing token)."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(default=0)
+    expires_at: Mapped[datetime] = mapped_column()

@@ -1,0 +1,200 @@
+"""HTTP routes of `/api/v1`: thin — authenticate, call a service in one transaction, return its model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+from sqlalchemy.orm import Session
+
+from gpupool.protocol import api
+from gpupool.server.auth import Principal, principal_from, require
+from gpupool.server.services import cluster, jobs, tenancy
+
+router = APIRouter(prefix="/api/v1")
+Caller = Annotated[Principal, Depends(principal_from)]
+
+
+def _session(request: Request) -> Iterator[Session]:
+    """One transaction per request, committed before the response is sent (an acknowledged write is durable)."""
+    with request.app.state.db.session() as session:
+        yield session
+
+
+Db = Annotated[Session, Depends(_session, scope="function")]
+
+
+@router.get("/whoami", response_model=api.Whoami, tags=["auth"])
+def whoami(who: Caller) -> api.Whoami:
+    return api.Whoami(user=who.user_name, org=who.org_name, role=who.role, projects=list(who.projects))
+
+
+@router.post("/orgs", response_model=api.OrgOut, status_code=201, tags=["tenancy"])
+def create_org(body: api.OrgCreate, who: Caller, db: Db) -> api.OrgOut:
+    return tenancy.create_org(db, who, body)
+
+
+@router.get("/orgs", response_model=list[api.OrgOut], tags=["tenancy"])
+def list_orgs(who: Caller, db: Db) -> list[api.OrgOut]:
+    return tenancy.list_orgs(db, who)
+
+
+@router.post("/projects", response_model=api.ProjectOut, status_code=201, tags=["tenancy"])
+def create_project(body: api.ProjectCreate, who: Caller, db: Db) -> api.ProjectOut:
+    return tenancy.create_project(db, who, body)
+
+
+@router.get("/projects", response_model=list[api.ProjectOut], tags=["tenancy"])
+def list_projects(who: Caller, db: Db) -> list[api.ProjectOut]:
+    return tenancy.list_projects(db, who)
+
+
+@router.post("/users", response_model=api.UserOut, status_code=201, tags=["tenancy"])
+def create_user(body: api.UserCreate, who: Caller, db: Db) -> api.UserOut:
+    return tenancy.create_user(db, who, body)
+
+
+@router.get("/users", response_model=list[api.UserOut], tags=["tenancy"])
+def list_users(who: Caller, db: Db) -> list[api.UserOut]:
+    return tenancy.list_users(db, who)
+
+
+@router.post("/tokens", response_model=api.TokenOut, status_code=201, tags=["auth"])
+def create_token(body: api.TokenCreate, who: Caller, db: Db) -> api.TokenOut:
+    return tenancy.create_token(db, who, body)
+
+
+@router.get("/tokens", response_model=list[api.TokenOut], tags=["auth"])
+def list_tokens(who: Caller, db: Db) -> list[api.TokenOut]:
+    return tenancy.list_tokens(db, who)
+
+
+@router.delete("/tokens/{token_id}", status_code=204, tags=["auth"])
+def revoke_token(token_id: str, who: Caller, db: Db) -> Response:
+    tenancy.revoke_token(db, who, token_id)
+    return Response(status_code=204)
+
+
+@router.post("/join-tokens", response_model=api.JoinTokenOut, status_code=201, tags=["nodes"])
+def create_join_token(body: api.JoinTokenCreate, who: Caller, db: Db) -> api.JoinTokenOut:
+    return tenancy.create_join_token(db, who, body)
+
+
+@router.post("/queues", response_model=api.QueueOut, status_code=201, tags=["queues"])
+def create_queue(body: api.QueueCreate, who: Caller, db: Db, request: Request) -> api.QueueOut:
+    out = cluster.create_queue(db, who, body)
+    request.app.state.scheduler.wake()
+    return out
+
+
+@router.get("/queues", response_model=list[api.QueueOut], tags=["queues"])
+def list_queues(who: Caller, db: Db, request: Request) -> list[api.QueueOut]:
+    require(who, "viewer")
+    return cluster.list_queues(db, who, request.app.state.fair_shares())
+
+
+@router.post("/jobs", response_model=api.JobOut, status_code=201, tags=["jobs"])
+def submit(body: api.JobCreate, who: Caller, db: Db, request: Request,
+           idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> api.JobOut:
+    out = jobs.submit(db, who, body, idempotency_key)
+    request.app.state.scheduler.wake()
+    return out
+
+
+@router.get("/jobs", response_model=api.JobPage, tags=["jobs"])
+def list_jobs(who: Caller, db: Db, state: Annotated[str | None, Query(max_length=24)] = None,
+              queue: Annotated[str | None, Query(max_length=64)] = None,
+              project: Annotated[str | None, Query(max_length=64)] = None,
+              tag: Annotated[str | None, Query(max_length=200, pattern=r"^[^=]+=.*$")] = None,
+              cursor: Annotated[str | None, Query(max_length=64)] = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50) -> api.JobPage:
+    if state is not None and state not in api.JOB_STATES:
+        raise HTTPException(422, f"state: choose from {', '.join(api.JOB_STATES)}")
+    return jobs.list_jobs(db, who, state, queue, project, tag, cursor, limit)
+
+
+@router.get("/jobs/{job_id}", response_model=api.JobOut, tags=["jobs"])
+def show_job(job_id: str, who: Caller, db: Db) -> api.JobOut:
+    return jobs.job_out(db, jobs.scoped_job(db, who, job_id), with_allocations=True)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=api.JobOut, tags=["jobs"])
+def cancel_job(job_id: str, who: Caller, db: Db, request: Request) -> api.JobOut:
+    job = jobs.scoped_job(db, who, job_id)
+    return jobs.cancel(db, who, job, request.app.state.lifecycle)
+
+
+@router.post("/jobs/{job_id}/approve", response_model=api.JobOut, tags=["jobs"])
+def approve_job(job_id: str, body: api.Decision, who: Caller, db: Db, request: Request) -> api.JobOut:
+    out = jobs.decide(db, who, jobs.scoped_job(db, who, job_id), True, body.note)
+    request.app.state.scheduler.wake()
+    return out
+
+
+@router.post("/jobs/{job_id}/deny", response_model=api.JobOut, tags=["jobs"])
+def deny_job(job_id: str, body: api.Decision, who: Caller, db: Db) -> api.JobOut:
+    return jobs.decide(db, who, jobs.scoped_job(db, who, job_id), False, body.note)
+
+
+@router.get("/jobs/{job_id}/events", response_model=list[api.EventOut], tags=["jobs"])
+def job_events(job_id: str, who: Caller, db: Db) -> list[api.EventOut]:
+    return jobs.events(db, jobs.scoped_job(db, who, job_id))
+
+
+@router.get("/jobs/{job_id}/why", response_model=api.PendingReasonOut | None, tags=["jobs"])
+def why_pending(job_id: str, who: Caller, db: Db) -> api.PendingReasonOut | None:
+    job = jobs.scoped_job(db, who, job_id)
+    if job.state == "pending_approval":
+        return api.PendingReasonOut(kind="approval", message="waiting for a project admin to approve it")
+    if job.state != "pending":
+        return api.PendingReasonOut(kind="not_pending", message=f"the job is {job.state}")
+    if not job.reason:
+        return api.PendingReasonOut(kind="queued", message="not considered by a scheduling cycle yet")
+    return api.PendingReasonOut(**job.reason)
+
+
+@router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse, tags=["jobs"])
+def job_logs(job_id: str, who: Caller, db: Db, request: Request,
+             offset: Annotated[int, Query(ge=0)] = 0, task: Annotated[int, Query(ge=0)] = 0) -> PlainTextResponse:
+    """The latest attempt's log of task `task`, from byte `offset`; header X-Next-Offset says where to go on."""
+    job = jobs.scoped_job(db, who, job_id)
+    out = jobs.job_out(db, job, with_allocations=True)
+    mine = [a for a in out.allocations if a.task_index == task]
+    if not mine:
+        return PlainTextResponse("", headers={"X-Next-Offset": str(offset), "X-Job-State": job.state})
+    path = request.app.state.hub.log_path(mine[-1].id, mine[-1].attempt)
+    data = b""
+    if path.exists():
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(1 << 20)
+    return PlainTextResponse(data.decode(errors="replace"),
+                             headers={"X-Next-Offset": str(offset + len(data)), "X-Job-State": job.state})
+
+
+@router.get("/nodes", response_model=list[api.NodeOut], tags=["nodes"])
+def list_nodes(who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
+    return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
+
+
+@router.post("/nodes/{name}/cordon", response_model=list[api.NodeOut], tags=["nodes"])
+def cordon(name: str, who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
+    cluster.set_cordon(db, who, name, True)
+    request.app.state.cache.set_schedulable(name, False)
+    return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
+
+
+@router.post("/nodes/{name}/uncordon", response_model=list[api.NodeOut], tags=["nodes"])
+def uncordon(name: str, who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
+    node = cluster.set_cordon(db, who, name, False)
+    request.app.state.cache.set_schedulable(name, node.state == "ready")
+    request.app.state.scheduler.wake()
+    return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
+
+
+@router.get("/top", response_model=list[api.UsageRow], tags=["usage"])
+def who_uses_what(who: Caller, db: Db) -> list[api.UsageRow]:
+    require(who, "viewer")
+    return cluster.top(db, who)

@@ -1,0 +1,149 @@
+"""Binder: applies a cycle's decisions — one database transaction, then the cache, then orders to agents.
+
+1. Binds whose GPU slots are still held by an allocation being stopped in the same batch wait for
+   the next cycle (pipelined behind their victims); so do binds of jobs no longer pending.
+2. In one transaction: evicted allocations become "stopping" and their jobs go back to pending;
+   each started job gets one allocation per task, with its GPU slots (the unique open-slot index
+   makes double allocation impossible), and becomes "scheduled".
+3. Only after the commit: the cache assumes the new allocations, and launch / stop orders go out.
+   A failed transaction changes nothing and the jobs are simply retried next cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpupool.core import Bind, Decision, Evict, JobSpec
+from gpupool.core.decisions import Move
+from gpupool.protocol.agent import GpuGrant, Launch, Stop
+from gpupool.server.db.engine import Database
+from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, utcnow
+from gpupool.server.scheduler.cache import ClusterCache, running_task
+
+log = logging.getLogger(__name__)
+
+
+class OrderSink(Protocol):
+    def send(self, node_id: str, frame: Launch | Stop) -> None: ...
+
+
+@dataclass
+class Planned:
+    allocation: Allocation
+    slots: tuple[tuple[str, int], ...]
+    bind: Bind
+    job: JobSpec
+
+
+class Binder:
+    def __init__(self, db: Database, cache: ClusterCache, orders: OrderSink, launch_ttl_s: float,
+                 grace_s: float) -> None:
+        self.db, self.cache, self.orders = db, cache, orders
+        self.launch_ttl_s, self.grace_s = launch_ttl_s, grace_s
+
+    def apply(self, decisions: Sequence[Decision], jobs: dict[str, JobSpec], epoch: int) -> int:
+        """Apply decisions; returns the number of jobs started."""
+        evictions = [d for d in decisions if isinstance(d, Evict | Move)]
+        stopping = {self.cache.by_task[d.task_id] for d in evictions if d.task_id in self.cache.by_task}
+        busy = {slot for a in stopping for slot in self.cache.held[a].slots}
+        binds: dict[str, list[Bind]] = defaultdict(list)
+        for d in decisions:
+            if isinstance(d, Bind):
+                binds[d.job_id].append(d)
+        try:
+            with self.db.session() as session:
+                stops = self._evict(session, stopping)
+                planned = [p for job_id, group in binds.items()
+                           for p in self._bind(session, jobs[job_id], group, busy, epoch)]
+        except IntegrityError as exc:
+            log.warning("binder: transaction refused, retrying next cycle: %s", exc.orig)
+            return 0
+        self._dispatch(planned, stops, epoch)
+        return len({p.job.id for p in planned})
+
+    def _evict(self, session: Session, stopping: set[str]) -> list[tuple[str, Stop]]:
+        stops = []
+        for allocation_id in sorted(stopping):
+            row = session.get(Allocation, allocation_id)
+            if row is None or row.state not in ("starting", "running"):
+                continue
+            row.state = "stopping"
+            row.release_reason = "preempted"
+            job = session.get(Job, row.job_id)
+            if job is not None and job.state in ("scheduled", "running"):
+                job.state, job.preemptions = "pending", job.preemptions + 1
+                session.add(JobEvent(job_id=job.id, kind="preempted", message="evicted to make room; requeued"))
+            stops.append((row.node_id, Stop(allocation_id=row.id, attempt=row.attempt, grace_s=self.grace_s,
+                                            reason="preempted")))
+        return stops
+
+    def _bind(self, session: Session, job: JobSpec, group: list[Bind], busy: set[tuple[str, int]],
+              epoch: int) -> list[Planned]:
+        row = session.get(Job, job.id, with_for_update=True)
+        if row is None or row.state != "pending":
+            return []
+        slots = [self.cache.slots_for(b.node, b.shares) for b in group]
+        if any(s in busy for chosen in slots for s in chosen):
+            return []
+        row.attempt += 1
+        row.state, row.reason = "scheduled", None
+        planned = []
+        for bind, chosen in zip(group, slots, strict=True):
+            node = self.cache.nodes[bind.node]
+            allocation = Allocation(job_id=job.id, task_index=int(bind.task_id.rsplit("/", 1)[1]),
+                                    attempt=row.attempt, node_id=node.node_id, state="starting",
+                                    gpu_milli=bind.shape.total_gpu_milli, cpu_milli=bind.shape.cpu_milli,
+                                    memory_mib=bind.shape.memory_mib, leader_epoch=epoch,
+                                    shares=[[s.index, s.milli, s.memory_mib] for s in bind.shares])
+            session.add(allocation)
+            session.flush()
+            session.add_all(AllocationSlot(allocation_id=allocation.id, gpu_id=g, slot=s) for g, s in chosen)
+            planned.append(Planned(allocation, chosen, bind, job))
+        nodes = ", ".join(sorted({b.node for b in group}))
+        session.add(JobEvent(job_id=job.id, kind="scheduled", message=f"attempt {row.attempt} placed on {nodes}"))
+        return planned
+
+    def _dispatch(self, planned: list[Planned], stops: list[tuple[str, Stop]], epoch: int) -> None:
+        now = time.time()
+        for p in planned:
+            task = running_task(p.bind.task_id, p.job, p.bind.node, p.bind.shape, p.bind.shares, now)
+            self.cache.assume(p.allocation.id, task, p.slots)
+        for node_id, stop in stops:
+            self.orders.send(node_id, stop)
+        for p in planned:
+            self.orders.send(p.allocation.node_id, self.launch(p.allocation, epoch, now))
+
+    def launch(self, allocation: Allocation, epoch: int, now: float) -> Launch:
+        """The launch order for an allocation (also re-sent when an agent reconnects)."""
+        with self.db.session() as session:
+            job = session.get(Job, allocation.job_id)
+            assert job is not None
+            spec = job.spec
+        entry = next(e for e in self.cache.nodes.values() if e.node_id == allocation.node_id)
+        grants = [GpuGrant(uuid=entry.spec.gpus[i].uuid, index=i, milli=m, memory_mib=mem)
+                  for i, m, mem in allocation.shares]
+        env = {**spec.get("env", {}), "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
+        return Launch(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
+                      task_index=allocation.task_index, command=spec["command"], env=env,
+                      workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
+                      expires_at=now + self.launch_ttl_s)
+
+
+def released_now(allocation: Allocation, reason: str, exit_code: int | None, session: Session) -> None:
+    """Close an allocation and its GPU slots (idempotent)."""
+    if allocation.released_at is not None:
+        return
+    now = utcnow()
+    allocation.state, allocation.released_at = "released", now
+    allocation.release_reason = allocation.release_reason or reason
+    allocation.exit_code = exit_code
+    for slot in session.query(AllocationSlot).filter_by(allocation_id=allocation.id, released_at=None):
+        slot.released_at = now

@@ -1,0 +1,103 @@
+"""SchedulerLoop: snapshot -> the same `core.run_cycle` as the simulator -> binder, on a worker thread.
+
+A cycle runs every `cycle_interval_s`, and at once when woken (a submission, a release, a node change).
+Each cycle: 1. hold the lease; 2. read pending jobs and the queue tree; 3. run the core on the cache's
+snapshot under the cache lock; 4. bind; 5. record why each still-pending job waits; 6. update metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+from gpupool.core import Framework, Workload, default_registry, run_cycle, scheduling_profile
+from gpupool.core.diagnostics import PendingReason
+from gpupool.core.model import TaskShape
+from gpupool.server.db.engine import Database
+from gpupool.server.db.models import Job
+from gpupool.server.db.repositories import job_spec, pending_jobs, queue_tree
+from gpupool.server.scheduler.binder import Binder
+from gpupool.server.scheduler.cache import ClusterCache
+from gpupool.server.scheduler.lease import SchedulerLease
+
+log = logging.getLogger(__name__)
+
+#: The placement's target workload until the cluster has history: common shapes, 8 CPUs per GPU.
+GENERIC_SHAPES = [TaskShape(8000 * max(1, n), 16384, n, m) for n, m in
+                  [(1, 1000)] * 4 + [(1, 500)] * 2 + [(1, 200), (2, 1000), (4, 1000), (8, 1000)]] + [
+    TaskShape(4000, 8192)]
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class SchedulerLoop:
+    def __init__(self, db: Database, cache: ClusterCache, binder: Binder, lease: SchedulerLease, profile: str,
+                 placement: str, interval_s: float, metrics: Any = None) -> None:
+        self.db, self.cache, self.binder, self.lease = db, cache, binder, lease
+        workload = Workload.from_shapes(GENERIC_SHAPES)
+        self.framework = Framework.build(scheduling_profile(profile, placement).with_workload(workload),
+                                         default_registry())
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self.clock, self.rng = WallClock(), random.Random(0)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
+        self._reasons: dict[str, PendingReason] = {}
+        self.cycles = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+        self.lease.release()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            try:
+                if self.lease.hold():
+                    self.cycle_once()
+            except Exception:  # a bug: keep scheduling, and say so
+                log.exception("scheduler cycle failed")
+
+    def cycle_once(self) -> int:
+        with self.db.session() as session:
+            rows = pending_jobs(session)
+            tree = queue_tree(session)
+        specs = {row.id: job_spec(row) for row in rows}
+        started = time.perf_counter()
+        with self.cache.lock:
+            snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree)
+            result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
+        seconds = time.perf_counter() - started
+        placed = self.binder.apply(result.decisions, specs, self.lease.epoch)
+        self._record_reasons(result.pending)
+        self.cycles += 1
+        if self.metrics is not None:
+            self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares)
+        return placed
+
+    def _record_reasons(self, pending: dict[str, PendingReason]) -> None:
+        changed = {j: r for j, r in pending.items() if self._reasons.get(j) != r}
+        self._reasons = dict(pending)
+        if not changed:
+            return
+        with self.db.session() as session:
+            for job_id, reason in changed.items():
+                row = session.get(Job, job_id)
+                if row is not None and row.state == "pending":
+                    row.reason = reason.to_dict()

@@ -1,0 +1,126 @@
+"""Queues, nodes, and "who uses what, where"."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+
+from fastapi import HTTPException
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpupool.protocol import api
+from gpupool.protocol.devices import GpuTelemetry
+from gpupool.server.auth import Principal, require
+from gpupool.server.db.models import Allocation, Gpu, Job, Node, Org, Project, QueueRow, User
+from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, queue_tree
+from gpupool.server.services.tenancy import org_for
+
+
+def _resources(raw: api.Resources | None) -> dict[str, object] | None:
+    return None if raw is None else raw.model_dump(exclude_none=True)
+
+
+def create_queue(session: Session, principal: Principal, body: api.QueueCreate) -> api.QueueOut:
+    """Operators create any queue; tenant admins create queues of their organisation under existing parents."""
+    require(principal, "tenant-admin")
+    org = org_for(session, principal, body.org) if (body.org or not principal.is_operator) else None
+    if body.parent is not None:
+        parent = session.scalar(select(QueueRow).where(QueueRow.name == body.parent))
+        if parent is None or (not principal.is_operator and parent.org_id not in (None, principal.org_id)):
+            raise HTTPException(422, f"parent: queue {body.parent!r} not found")
+        if session.scalar(select(Job.id).where(Job.queue == parent.name, Job.state.in_(("pending", "running")))):
+            raise HTTPException(409, f"parent: queue {body.parent!r} holds jobs; a parent queue cannot")
+    threshold = api.gpus_to_milli(body.approval_above_gpus) if body.approval_above_gpus is not None else None
+    row = QueueRow(name=body.name, org_id=org.id if org else None, parent=body.parent,
+                   guaranteed=_resources(body.guaranteed) or {}, limit=_resources(body.limit),
+                   borrow_limit=_resources(body.borrow_limit), lend_limit=_resources(body.lend_limit),
+                   over_quota_weight=body.over_quota_weight, priority=body.priority, approval_above_milli=threshold,
+                   preempt_min_runtime_s=body.preempt_min_runtime_s,
+                   reclaim_min_runtime_s=body.reclaim_min_runtime_s, idle_reclaim_s=body.idle_reclaim_s)
+    session.add(row)
+    try:
+        session.flush()
+        queue_tree(session)  # the whole tree must stay valid
+    except IntegrityError:
+        raise HTTPException(409, f"queue {body.name!r} exists") from None
+    except ValueError as exc:
+        raise HTTPException(422, f"queue: {exc}") from None
+    return _queue_out(session, row, {}, {})
+
+
+def list_queues(session: Session, principal: Principal, fair_shares: dict[str, int]) -> list[api.QueueOut]:
+    used: Counter[str] = Counter()
+    counts: Counter[tuple[str, str]] = Counter()
+    for job in session.scalars(select(Job).where(Job.state.in_(("pending", "scheduled", "running")))):
+        counts[(job.queue, "pending" if job.state == "pending" else "running")] += 1
+    for alloc, queue in session.execute(select(Allocation, Job.queue).join(Job, Job.id == Allocation.job_id).where(
+            Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+        used[queue] += alloc.gpu_milli
+    rows = session.scalars(select(QueueRow).order_by(QueueRow.name))
+    visible = [r for r in rows if principal.is_operator or r.org_id in (None, principal.org_id)]
+    return [_queue_out(session, r, used, counts, fair_shares.get(r.name, 0)) for r in visible]
+
+
+def _queue_out(session: Session, row: QueueRow, used: Counter[str] | dict[str, int],
+               counts: Counter[tuple[str, str]] | dict[tuple[str, str], int], fair: int = 0) -> api.QueueOut:
+    org = session.get(Org, row.org_id) if row.org_id else None
+    return api.QueueOut(name=row.name, parent=row.parent, org=org.name if org else None, guaranteed=row.guaranteed,
+                        limit=row.limit, over_quota_weight=row.over_quota_weight, priority=row.priority,
+                        used_gpus=used.get(row.name, 0) / 1000, fair_share_gpus=fair / 1000,
+                        pending_jobs=counts.get((row.name, "pending"), 0),
+                        running_jobs=counts.get((row.name, "running"), 0))
+
+
+def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list[GpuTelemetry]]) -> list[api.NodeOut]:
+    require(principal, "viewer")
+    allocated: Counter[str] = Counter()
+    for alloc in session.scalars(select(Allocation).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+        for index, milli, _ in alloc.shares:
+            allocated[f"{alloc.node_id}/{index}"] += milli
+    out = []
+    for node in session.scalars(select(Node).order_by(Node.name)):
+        tele = {t.uuid: t for t in telemetry.get(node.id, [])}
+        gpus = [api.GpuOut(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
+                           allocated_milli=allocated[f"{node.id}/{g.index}"],
+                           utilization_pct=tele[g.uuid].utilization_pct if g.uuid in tele else None,
+                           temperature_c=tele[g.uuid].temperature_c if g.uuid in tele else None, fake=g.fake)
+                for g in session.scalars(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index))]
+        out.append(api.NodeOut(name=node.name, state=node.state, cordoned=node.cordoned, cpu_milli=node.cpu_milli,
+                               memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen))
+    return out
+
+
+def set_cordon(session: Session, principal: Principal, name: str, cordoned: bool) -> Node:
+    require(principal, "operator")
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        raise HTTPException(404, f"node {name!r} not found")
+    node.cordoned = cordoned
+    return node
+
+
+def top(session: Session, principal: Principal) -> list[api.UsageRow]:
+    """Every open allocation the caller may see: project, user, node, job, GPUs held and since when."""
+    rows = []
+    query = select(Allocation, Job).join(Job, Job.id == Allocation.job_id).where(
+        Allocation.state.in_(OPEN_ALLOCATION_STATES))
+    if not principal.is_operator:
+        query = query.where(Job.org_id == principal.org_id)
+    nodes = {n.id: n.name for n in session.scalars(select(Node))}
+    models = {(g.node_id, g.index): g.model for g in session.scalars(select(Gpu))}
+    projects = {p.id: p.name for p in session.scalars(select(Project))}
+    users = {u.id: u.name for u in session.scalars(select(User))}
+    for alloc, job in session.execute(query):
+        if not principal.at_least("tenant-admin") and projects.get(job.project_id) not in principal.projects:
+            continue
+        rows.append(api.UsageRow(project=projects.get(job.project_id, ""), user=users.get(job.user_id, ""),
+                                 node=nodes.get(alloc.node_id, ""), job=job.id, gpus=alloc.gpu_milli / 1000,
+                                 gpu_models=sorted({models.get((alloc.node_id, i), "") for i, _, _ in alloc.shares}),
+                                 since=alloc.started_at or alloc.created_at))
+    return sorted(rows, key=lambda r: (r.project, r.user, r.node, r.job))
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

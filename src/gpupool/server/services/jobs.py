@@ -1,0 +1,157 @@
+"""Jobs: submit (idempotent, approval above a queue's threshold), list, show, cancel, events, why, decide."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+
+from fastapi import HTTPException
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpupool.protocol import api
+from gpupool.server.auth import Principal, require
+from gpupool.server.db.models import Allocation, Job, JobEvent, Node, Org, Project, QueueRow, User
+from gpupool.server.db.repositories import job_shape
+from gpupool.server.services.lifecycle import Lifecycle
+from gpupool.server.services.tenancy import project_for
+
+
+def _queue(session: Session, principal: Principal, name: str | None) -> QueueRow:
+    queue = session.scalar(select(QueueRow).where(QueueRow.name == (name or "default")))
+    if queue is None or (queue.org_id not in (None, principal.org_id) and not principal.is_operator):
+        raise HTTPException(404 if name else 422, f"queue {name or 'default'!r} not found")
+    leaf = session.scalar(select(QueueRow.id).where(QueueRow.parent == queue.name).limit(1)) is None
+    if not leaf:
+        raise HTTPException(422, f"queue: {queue.name!r} has child queues; submit to one of them")
+    return queue
+
+
+def submit(session: Session, principal: Principal, body: api.JobCreate, idempotency_key: str | None) -> api.JobOut:
+    require(principal, "member")
+    if idempotency_key is not None:
+        existing = session.scalar(select(Job).where(Job.org_id == principal.org_id,
+                                                    Job.idempotency_key == idempotency_key))
+        if existing is not None:
+            if existing.spec != _spec(body):
+                raise HTTPException(422, "Idempotency-Key: reused with a different job")
+            return job_out(session, existing)
+    if body.min_tasks is not None and body.min_tasks > body.tasks:
+        raise HTTPException(422, "min_tasks: must not exceed tasks")
+    project = project_for(session, principal, body.project)
+    queue = _queue(session, principal, body.queue)
+    job_shape(_spec(body))  # validates the shape as the scheduler will read it
+    seq = (session.scalar(select(func.max(Job.seq))) or 0) + 1
+    needs_approval = queue.approval_above_milli is not None and _total_milli(body) > queue.approval_above_milli
+    job = Job(seq=seq, org_id=principal.org_id, project_id=project.id, user_id=principal.user_id,
+              queue=queue.name, name=body.name, spec=_spec(body), priority=body.priority,
+              preemptible=body.preemptible, tags=dict(body.tags), idempotency_key=idempotency_key,
+              state="pending_approval" if needs_approval else "pending")
+    session.add(job)
+    session.flush()
+    session.add(JobEvent(job_id=job.id, kind="submitted",
+                         message="waiting for a project admin's approval" if needs_approval else "queued"))
+    return job_out(session, job)
+
+
+def _spec(body: api.JobCreate) -> dict[str, object]:
+    return body.model_dump(exclude={"name", "project", "queue", "priority", "preemptible", "tags"})
+
+
+def _total_milli(body: api.JobCreate) -> int:
+    return api.gpus_to_milli(body.gpus) * body.tasks
+
+
+def scoped_job(session: Session, principal: Principal, job_id: str) -> Job:
+    """A job the caller may see: 404 for another tenant's, or (below tenant-admin) another project's."""
+    job = session.get(Job, job_id)
+    if job is None or not (principal.is_operator or job.org_id == principal.org_id):
+        raise HTTPException(404, "job not found")
+    project = session.get(Project, job.project_id)
+    if not principal.at_least("tenant-admin") and (project is None or project.name not in principal.projects):
+        raise HTTPException(404, "job not found")
+    return job
+
+
+def job_out(session: Session, job: Job, with_allocations: bool = False) -> api.JobOut:
+    project = session.get(Project, job.project_id)
+    user = session.get(User, job.user_id)
+    out = api.JobOut(id=job.id, name=job.name, project=project.name if project else "", user=user.name if user else "",
+                     queue=job.queue, state=job.state, attempt=job.attempt, preemptions=job.preemptions,
+                     priority=job.priority, gpus=str(job.spec["gpus"]), tasks=int(job.spec["tasks"]),
+                     command=list(job.spec["command"]), tags=dict(job.tags), submitted_at=job.submitted_at,
+                     started_at=job.started_at, finished_at=job.finished_at, exit_code=job.exit_code,
+                     reason=api.PendingReasonOut(**job.reason) if job.reason else None)
+    if with_allocations:
+        nodes = {n.id: n.name for n in session.scalars(select(Node))}
+        rows = session.scalars(select(Allocation).where(Allocation.job_id == job.id).order_by(Allocation.created_at))
+        out.allocations = [api.AllocationOut(id=a.id, task_index=a.task_index, attempt=a.attempt,
+                                             node=nodes.get(a.node_id, ""), state=a.state,
+                                             gpus=[{"index": i, "milli": m} for i, m, _ in a.shares],
+                                             started_at=a.started_at, released_at=a.released_at,
+                                             exit_code=a.exit_code) for a in rows]
+    return out
+
+
+def list_jobs(session: Session, principal: Principal, state: str | None, queue: str | None, project: str | None,
+              tag: str | None, cursor: str | None, limit: int) -> api.JobPage:
+    query = select(Job).order_by(Job.seq.desc())
+    if not principal.is_operator:
+        query = query.where(Job.org_id == principal.org_id)
+    if not principal.at_least("tenant-admin"):
+        visible = select(Project.id).where(Project.org_id == principal.org_id,
+                                           Project.name.in_(principal.projects or ["-"]))
+        query = query.where(Job.project_id.in_(visible))
+    if state:
+        query = query.where(Job.state == state)
+    if queue:
+        query = query.where(Job.queue == queue)
+    if project:
+        query = query.where(Job.project_id.in_(select(Project.id).where(Project.name == project)))
+    if cursor:
+        query = query.where(Job.seq < _decode_cursor(cursor))
+    rows = list(session.scalars(query.limit(limit + 1)))
+    if tag:
+        key, _, value = tag.partition("=")
+        rows = [r for r in rows if r.tags.get(key) == value]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = base64.urlsafe_b64encode(str(rows[-1].seq).encode()).decode() if more and rows else None
+    return api.JobPage(items=[job_out(session, r) for r in rows], next_cursor=next_cursor)
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        return int(base64.urlsafe_b64decode(cursor.encode()).decode())
+    except (ValueError, UnicodeDecodeError):
+        raise HTTPException(422, "cursor: not a cursor this API returned") from None
+
+
+def events(session: Session, job: Job) -> list[api.EventOut]:
+    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
+    return [api.EventOut(at=e.at, kind=e.kind, message=e.message) for e in rows]
+
+
+def cancel(session: Session, principal: Principal, job: Job, lifecycle: Lifecycle) -> api.JobOut:
+    user = session.get(User, job.user_id)
+    if not (principal.at_least("project-admin") or (user is not None and user.id == principal.user_id)):
+        raise HTTPException(403, "only the job's owner or a project admin can cancel it")
+    lifecycle.cancel(session, job)
+    return job_out(session, job)
+
+
+def decide(session: Session, principal: Principal, job: Job, approve: bool, note: str) -> api.JobOut:
+    require(principal, "project-admin")
+    if job.state != "pending_approval":
+        raise HTTPException(409, f"job is {job.state}, not waiting for approval")
+    job.state = "pending" if approve else "denied"
+    if not approve:
+        job.finished_at = datetime.now(job.submitted_at.tzinfo)
+    session.add(JobEvent(job_id=job.id, kind="approved" if approve else "denied",
+                         message=f"by {principal.user_name}: {note}".rstrip(": ")))
+    return job_out(session, job)
+
+
+def org_name(session: Session, org_id: str) -> str:
+    org = session.get(Org, org_id)
+    return org.name if org else ""

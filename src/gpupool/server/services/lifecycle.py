@@ -1,0 +1,141 @@
+"""Job and allocation lifecycle after placement: agent reports, cancellation, limits, lost nodes.
+
+Job states: pending_approval -> pending -> scheduled -> running -> succeeded | failed; cancelled and
+denied end it early; preemption, fencing and lost nodes send it back to pending (`attempt` only grows).
+An allocation is starting -> running -> released, or stopping -> released when told to stop. Reports
+for an attempt that is no longer the job's current one are ignored (RELIABILITY.md I9).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.protocol.agent import Stop, TaskStatus
+from gpupool.server.db.engine import Database
+from gpupool.server.db.models import Allocation, Job, JobEvent, utcnow
+from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES
+from gpupool.server.scheduler.binder import OrderSink, released_now
+from gpupool.server.scheduler.cache import ClusterCache
+
+TERMINAL = ("succeeded", "failed", "cancelled", "denied")
+
+
+class Lifecycle:
+    def __init__(self, db: Database, cache: ClusterCache, orders: OrderSink, wake: Callable[[], None],
+                 grace_s: float) -> None:
+        self.db, self.cache, self.orders, self.wake, self.grace_s = db, cache, orders, wake, grace_s
+
+    def on_status(self, node_id: str, status: TaskStatus) -> None:
+        """Apply an agent's task report for an allocation placed on `node_id`."""
+        with self.db.session() as session:
+            allocation = session.get(Allocation, status.allocation_id)
+            if allocation is None or allocation.node_id != node_id or allocation.attempt != status.attempt:
+                return
+            job = session.get(Job, allocation.job_id)
+            assert job is not None
+            if status.state == "started":
+                self._started(session, allocation, job)
+            else:
+                self._ended(session, allocation, job, status)
+
+    def _started(self, session: Session, allocation: Allocation, job: Job) -> None:
+        if allocation.state != "starting":
+            return
+        allocation.state, allocation.started_at = "running", utcnow()
+        siblings = self._open(session, job.id, allocation.attempt)
+        if job.state == "scheduled" and all(a.state == "running" for a in siblings):
+            job.state, job.started_at = "running", job.started_at or utcnow()
+            session.add(JobEvent(job_id=job.id, kind="running", message=f"attempt {job.attempt} started"))
+
+    def _ended(self, session: Session, allocation: Allocation, job: Job, status: TaskStatus) -> None:
+        if allocation.released_at is not None:
+            return
+        reason = {"exited": "exited", "failed": "failed", "fenced": "fenced", "refused": "refused"}[status.state]
+        released_now(allocation, reason, status.exit_code, session)
+        self.cache.release(allocation.id)
+        self.wake()
+        if job.attempt != allocation.attempt or job.state in TERMINAL:
+            return
+        if status.state in ("fenced", "refused") or allocation.release_reason == "preempted":
+            self._requeue(session, job, f"task {allocation.task_index}: {status.state} {status.message}".strip())
+        elif status.state == "failed" or (status.exit_code or 0) != 0:
+            self._finish(session, job, "failed", status.exit_code)
+        elif not self._open(session, job.id, job.attempt):
+            self._finish(session, job, "succeeded", 0)
+
+    def _open(self, session: Session, job_id: str, attempt: int) -> list[Allocation]:
+        return list(session.scalars(select(Allocation).where(
+            Allocation.job_id == job_id, Allocation.attempt == attempt,
+            Allocation.state.in_(OPEN_ALLOCATION_STATES))))
+
+    def _finish(self, session: Session, job: Job, state: str, exit_code: int | None) -> None:
+        job.state, job.exit_code, job.finished_at = state, exit_code, utcnow()
+        session.add(JobEvent(job_id=job.id, kind=state, message=f"exit code {exit_code}"))
+        self._stop_all(session, job, state)
+
+    def _requeue(self, session: Session, job: Job, why: str) -> None:
+        if job.state in ("scheduled", "running"):
+            job.state = "pending"
+            session.add(JobEvent(job_id=job.id, kind="requeued", message=why))
+        self._stop_all(session, job, "requeued")
+
+    def _stop_all(self, session: Session, job: Job, reason: str) -> None:
+        for allocation in self._open(session, job.id, job.attempt):
+            if allocation.state != "stopping":
+                allocation.state, allocation.release_reason = "stopping", reason
+                self.orders.send(allocation.node_id, Stop(allocation_id=allocation.id, attempt=allocation.attempt,
+                                                          grace_s=self.grace_s, reason=reason))
+
+    def cancel(self, session: Session, job: Job) -> None:
+        """Cancel a job in any state that is not final; running tasks get a stop order."""
+        if job.state in TERMINAL:
+            return
+        job.state, job.finished_at = "cancelled", utcnow()
+        session.add(JobEvent(job_id=job.id, kind="cancelled", message="cancelled by request"))
+        self._stop_all(session, job, "cancelled")
+        self.wake()
+
+    def node_lost(self, node_id: str, last_seen: float | None) -> int:
+        """Release every open allocation of a lost node and requeue its jobs; returns jobs requeued.
+
+        Billing of a lost attempt ends at the node's last heartbeat (I8): released_at is set to it.
+        """
+        requeued = 0
+        with self.db.session() as session:
+            for allocation in session.scalars(select(Allocation).where(
+                    Allocation.node_id == node_id, Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+                released_now(allocation, "lost", None, session)
+                if last_seen is not None:
+                    allocation.released_at = _at(last_seen)
+                self.cache.release(allocation.id)
+                job = session.get(Job, allocation.job_id)
+                if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
+                    self._requeue(session, job, "node lost")
+                    requeued += 1
+        self.wake()
+        return requeued
+
+    def enforce_limits(self, now: float) -> None:
+        """Stop jobs that ran past their runtime limit (the grant ends there)."""
+        with self.db.session() as session:
+            for job in session.scalars(select(Job).where(Job.state == "running")):
+                limit = job.spec.get("runtime_limit_s")
+                started = job.started_at
+                if limit and started is not None and now - started.timestamp() > limit:
+                    job.state, job.finished_at = "failed", utcnow()
+                    job.reason = {"kind": "runtime_limit", "message": f"ran past its {limit} s limit", "details": []}
+                    session.add(JobEvent(job_id=job.id, kind="timed_out", message=f"runtime limit {limit} s"))
+                    self._stop_all(session, job, "runtime limit")
+
+
+def _at(epoch_s: float):  # noqa: ANN202 - a datetime
+    from datetime import UTC, datetime
+    return datetime.fromtimestamp(epoch_s, UTC)
+
+
+def now_s() -> float:
+    return time.time()

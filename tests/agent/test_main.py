@@ -1,0 +1,75 @@
+"""The agent entry point's pieces: saved identity, machine resources, registration, early exits of run_agent."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from gpupool.agent.devices import FakeDiscovery
+from gpupool.agent.main import (
+    EXIT_CONFIG,
+    NODE_FILE,
+    NodeIdentity,
+    build_registration,
+    default_node_name,
+    load_identity,
+    machine_resources,
+    new_boot_id,
+    obtain_identity,
+    run_agent,
+    save_identity,
+)
+
+IDENTITY = NodeIdentity(
+    server="http://cp:8080", name="n1", node_id="node-1", credential="secret", heartbeat_s=5.0, fence_s=40.0
+)
+
+
+def test_identity_round_trips_with_private_permissions(tmp_path):
+    save_identity(tmp_path, IDENTITY)
+    assert (tmp_path / NODE_FILE).stat().st_mode & 0o777 == 0o600
+    assert load_identity(tmp_path, "http://cp:8080/") == IDENTITY
+
+
+def test_identity_of_another_server_or_corrupt_is_ignored(tmp_path):
+    assert load_identity(tmp_path, "http://cp:8080") is None
+    save_identity(tmp_path, IDENTITY)
+    assert load_identity(tmp_path, "http://other:8080") is None
+    (tmp_path / NODE_FILE).write_text("{broken")
+    assert load_identity(tmp_path, "http://cp:8080") is None
+
+
+def test_a_saved_identity_skips_registration(tmp_path):
+    save_identity(tmp_path, IDENTITY)
+    got = asyncio.run(obtain_identity("http://cp:8080", None, tmp_path, None, asyncio.Event()))
+    assert got == IDENTITY
+
+
+def test_no_identity_and_no_token_is_a_configuration_error(tmp_path):
+    with pytest.raises(ValueError, match="join token"):
+        asyncio.run(obtain_identity("http://cp:8080", None, tmp_path, None, asyncio.Event()))
+    assert run_agent("http://127.0.0.1:9", None, tmp_path / "data", "n1", "") == EXIT_CONFIG
+    assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
+
+
+def test_machine_resources(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384000 kB\nMemFree:          100 kB\n")
+    cpu_milli, memory_mib = machine_resources(meminfo)
+    assert cpu_milli % 1000 == 0 and cpu_milli >= 1000
+    assert memory_mib == 16000
+    assert machine_resources(tmp_path / "missing")[1] == 0
+
+
+def test_registration_describes_this_machine_and_its_gpus():
+    discovery = FakeDiscovery("2xH100", node="n1")
+    reg = build_registration("abcdef.0123456789abcdef", "n1", "boot", discovery)
+    assert [g.uuid for g in reg.gpus] == [g.uuid for g in discovery.list_devices()]
+    assert reg.cpu_milli > 0 and reg.name == "n1" and reg.boot_id == "boot"
+
+
+def test_names_and_boot_ids():
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", default_node_name())
+    assert new_boot_id() != new_boot_id()

@@ -1,0 +1,104 @@
+"""Backoff, heartbeat jitter and the self-fence timer, driven by an injected clock and rng."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupool.agent.clock import ManualClock
+from gpupool.agent.timing import Backoff, FenceTimer, jittered
+
+
+class MaxRng(random.Random):
+    """uniform(a, b) always returns b: exposes the ceiling of each delay."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_backoff_ceiling_doubles_up_to_the_cap():
+    backoff = Backoff(MaxRng(), base_s=0.5, cap_s=30.0)
+    assert [backoff.next_delay() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    assert backoff.attempt == 9
+
+
+def test_backoff_reset_starts_over():
+    backoff = Backoff(MaxRng())
+    for _ in range(5):
+        backoff.next_delay()
+    backoff.reset()
+    assert backoff.next_delay() == 0.5
+
+
+@given(seed=st.integers(0, 2**32), steps=st.integers(1, 80))
+def test_backoff_full_jitter_stays_within_zero_and_the_ceiling(seed, steps):
+    backoff = Backoff(random.Random(seed), base_s=0.5, cap_s=30.0)
+    for n in range(steps):
+        ceiling = min(30.0, 0.5 * 2**n)
+        assert 0.0 <= backoff.next_delay() <= ceiling
+
+
+def test_backoff_is_deterministic_for_a_seed():
+    assert [Backoff(random.Random(7)).next_delay() for _ in range(3)] == [
+        Backoff(random.Random(7)).next_delay() for _ in range(3)
+    ]
+
+
+@pytest.mark.parametrize(("base", "cap"), [(0, 1), (-1, 1), (2, 1)])
+def test_backoff_rejects_bad_bounds(base, cap):
+    with pytest.raises(ValueError):
+        Backoff(random.Random(), base_s=base, cap_s=cap)
+
+
+@given(seed=st.integers(0, 2**32))
+def test_heartbeat_jitter_is_within_twenty_percent(seed):
+    assert 4.0 <= jittered(5.0, random.Random(seed)) <= 6.0
+
+
+def test_fence_fires_once_after_silence():
+    clock = ManualClock(100.0)
+    fence = FenceTimer(40.0, clock)
+    clock.advance(39.9)
+    assert not fence.should_fence()
+    assert fence.remaining_s() == pytest.approx(0.1)
+    clock.advance(0.1)
+    assert fence.should_fence()
+    assert fence.fenced
+    clock.advance(100.0)
+    assert not fence.should_fence()  # once per silence
+    assert fence.remaining_s() == 0.0
+
+
+def test_any_word_from_the_control_plane_rearms_the_fence():
+    clock = ManualClock()
+    fence = FenceTimer(40.0, clock)
+    for _ in range(10):
+        clock.advance(30.0)
+        fence.heard()
+        assert not fence.should_fence()
+    clock.advance(40.0)
+    assert fence.should_fence()
+    fence.heard()
+    assert not fence.fenced
+    clock.advance(40.0)
+    assert fence.should_fence()
+
+
+def test_fence_counts_from_construction():
+    clock = ManualClock()
+    fence = FenceTimer(2.0, clock)
+    clock.advance(2.0)
+    assert fence.should_fence()
+
+
+def test_fence_needs_a_positive_timeout():
+    with pytest.raises(ValueError):
+        FenceTimer(0, ManualClock())
+
+
+def test_manual_clock_does_not_go_backwards():
+    with pytest.raises(ValueError):
+        ManualClock().advance(-1)
