@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED ?= $(abspath ../shared)
 FAKE_GPUS ?= 2xA100-80GB
 
-.PHONY: install run demo test lint bench clean
+.PHONY: install run demo test lint bench clean system-deps
 
 install: $(STAMP)
 
@@ -28,7 +28,13 @@ lint: install
 	$(VENV)/bin/mypy src/gpupool/core
 	$(VENV)/bin/lint-imports
 
-test: lint
+# System packages the tests use: PostgreSQL (API tests run on it too) and gcc (the fake NVML library).
+system-deps:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; } || \
+	  echo "PostgreSQL is missing: its API tests will be skipped"
+
+test: lint system-deps
 	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 -p no:cacheprovider
 
 bench: install

@@ -29,12 +29,12 @@ from gpupool.sim.fill import tune
 from gpupool.sim.tenants import load_queues
 from gpupool.sim.traces.openb import read_nodes, read_pods
 
-CYCLES = 30
+CYCLES = 15
 PENDING = 1000
 PROFILES = ("fifo", "fair-share", "default")
 
 
-def _filled(openb: Path, queues_file: Path):
+def _filled(openb: Path, queues_file: Path, fill: Fraction = Fraction(9, 10)):
     nodes = read_nodes(openb / "openb_node_list_gpu_node.csv")
     pods = read_pods(openb / "openb_pod_list_default.csv")
     tree = load_queues(queues_file)
@@ -44,7 +44,7 @@ def _filled(openb: Path, queues_file: Path):
     rng = random.Random(7)
     leaves = tree.leaves
     capacity = cluster.capacity_gpu_milli
-    order = tune(pods, capacity, Fraction(9, 10), rng)
+    order = tune(pods, capacity, fill, rng)
     jobs = {}
     for k, (task_id, pod) in enumerate(order):
         job = JobSpec(task_id, (TaskSpec(task_id, pod.shape),), queue=leaves[k % len(leaves)],
@@ -62,8 +62,18 @@ def _filled(openb: Path, queues_file: Path):
 
 
 def run(openb: Path, queues_file: Path) -> dict[str, dict[str, float]]:
-    cluster, pending, workload = _filled(openb, queues_file)
-    print(f"cluster {100 * cluster.allocated_gpu_milli / cluster.capacity_gpu_milli:.1f} % allocated, "
+    """Two situations: a burst (10 % of the GPUs free, about half the pending jobs start in the cycle) and a
+    saturated cluster (filled with 1.3x demand, almost nothing starts)."""
+    results = {}
+    for label, fill in (("burst", Fraction(9, 10)), ("saturated", Fraction(13, 10))):
+        results.update({f"{label}/{k}": v for k, v in _measure(openb, queues_file, fill, label).items()})
+    print("command: make bench BENCH_ARGS='--suite cycle'")
+    return results
+
+
+def _measure(openb: Path, queues_file: Path, fill: Fraction, label: str) -> dict[str, dict[str, float]]:
+    cluster, pending, workload = _filled(openb, queues_file, fill)
+    print(f"{label}: cluster {100 * cluster.allocated_gpu_milli / cluster.capacity_gpu_milli:.1f} % allocated, "
           f"{len(pending)} pending jobs in 4 queues")
     results = {}
     for name in PROFILES:
@@ -81,5 +91,4 @@ def run(openb: Path, queues_file: Path) -> dict[str, dict[str, float]]:
     base = results["fifo"]["p50_ms"]
     for name in PROFILES[1:]:
         print(f"{name:>10}: {results[name]['p50_ms'] / base:.2f}x the fifo cycle (baseline measured in this run)")
-    print("command: make bench BENCH_ARGS='--suite cycle'")
     return results

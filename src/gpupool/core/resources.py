@@ -13,9 +13,10 @@ from fractions import Fraction
 class ResourceVector(Mapping[str, int]):
     """A frozen mapping resource -> int >= 0; missing resources read as 0, and equality ignores zeros."""
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_items", "_hash", "_map")
     _items: tuple[tuple[str, int], ...]
     _hash: int | None
+    _map: dict[str, int]
 
     def __init__(self, amounts: Mapping[str, int] | None = None, **kwargs: int) -> None:
         merged = {**(amounts or {}), **kwargs}
@@ -25,6 +26,7 @@ class ResourceVector(Mapping[str, int]):
             if value < 0:
                 raise ValueError(f"{name}: resource amounts are non-negative, got {value}")
         self._items = tuple(sorted(merged.items()))
+        self._map = dict(self._items)
         self._hash = None
 
     @classmethod
@@ -32,6 +34,7 @@ class ResourceVector(Mapping[str, int]):
         """Build from amounts already known to be non-negative ints (arithmetic results)."""
         vector = cls.__new__(cls)
         vector._items = tuple(sorted(amounts.items()))
+        vector._map = amounts
         vector._hash = None
         return vector
 
@@ -39,17 +42,14 @@ class ResourceVector(Mapping[str, int]):
         return tuple(item for item in self._items if item[1])
 
     def __getitem__(self, name: str) -> int:
-        for key, value in self._items:
-            if key == name:
-                return value
-        return 0
+        return self._map.get(name, 0)
 
     def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
         return iter(self._items)
 
     def __contains__(self, name: object) -> bool:
         """Whether the vector names `name` (even with amount 0, e.g. a limit of 0); missing names read as 0."""
-        return any(key == name for key, _ in self._items)
+        return name in self._map
 
     def __iter__(self) -> Iterator[str]:
         return (key for key, _ in self._items)
@@ -71,13 +71,13 @@ class ResourceVector(Mapping[str, int]):
         return f"ResourceVector({dict(self._nonzero())})"
 
     def __add__(self, other: Mapping[str, int]) -> ResourceVector:
-        out = dict(self._items)
+        out = dict(self._map)
         for name, value in other.items():
             out[name] = out.get(name, 0) + value
         return ResourceVector._trusted(out) if isinstance(other, ResourceVector) else ResourceVector(out)
 
     def __sub__(self, other: Mapping[str, int]) -> ResourceVector:
-        out = dict(self._items)
+        out = dict(self._map)
         for name, value in other.items():
             left = out.get(name, 0) - value
             if left < 0:

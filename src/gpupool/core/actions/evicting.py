@@ -40,3 +40,31 @@ def start_by_evicting(cycle: Cycle, job: JobSpec, candidates: list[RunningTask],
 
 def _evicted_jobs(decisions: tuple[object, ...]) -> int:
     return len({d.job_id for d in decisions if isinstance(d, Evict)})
+
+
+class Attempts:
+    """Bounds the eviction searches of one action in one cycle.
+
+    At most `limit` jobs are tried; a job whose (queue, priority, task shapes) already failed to start in
+    this cycle is not tried again, since nothing it could evict has changed in its favour.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self.failed: set[tuple[object, ...]] = set()
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left <= 0
+
+    @staticmethod
+    def _key(job: JobSpec) -> tuple[object, ...]:
+        return (job.queue, job.priority, job.min_tasks, tuple(t.shape for t in job.tasks))
+
+    def known_to_fail(self, job: JobSpec) -> bool:
+        return self._key(job) in self.failed
+
+    def record(self, job: JobSpec, evicted: int) -> None:
+        self.left -= 1
+        if not evicted:
+            self.failed.add(self._key(job))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpupool.core.actions.evicting import start_by_evicting
+from gpupool.core.actions.evicting import Attempts, start_by_evicting
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec
 from gpupool.core.snapshot import RunningTask
@@ -23,19 +23,38 @@ if TYPE_CHECKING:
 class PreemptAction(Action):
     name = "preempt"
 
-    def __init__(self, max_victims: int = 16) -> None:
-        if max_victims < 0:
-            raise ValueError("preempt: max_victims must be >= 0")
+    def __init__(self, max_victims: int = 16, max_attempts: int = 8) -> None:
+        if max_victims < 0 or max_attempts < 0:
+            raise ValueError("preempt: max_victims and max_attempts must be >= 0")
         self.max_victims = max_victims
+        self.max_attempts = max_attempts
 
     def execute(self, cycle: Cycle) -> None:
-        left = self.max_victims
+        left, attempts = self.max_victims, Attempts(self.max_attempts)
+        by_queue = _by_queue(cycle)
+        found: dict[tuple[str, int], list[RunningTask]] = {}
         for job in cycle.pending_order():
-            if left <= 0:
+            if left <= 0 or attempts.exhausted:
                 return
-            candidates = [t for t in cycle.workspace.running_tasks() if _eligible(cycle, job, t)]
-            if candidates:
-                left -= start_by_evicting(cycle, job, candidates, lambda t: True, left, "preempted")
+            if attempts.known_to_fail(job):
+                continue
+            key = (job.queue, job.priority)
+            if key not in found:
+                found[key] = [t for t in by_queue.get(job.queue, []) if _eligible(cycle, job, t)]
+            if found[key]:
+                evicted = start_by_evicting(cycle, job, found[key], lambda t: True, left, "preempted")
+                attempts.record(job, evicted)
+                left -= evicted
+                if evicted:
+                    by_queue, found = _by_queue(cycle), {}
+
+
+def _by_queue(cycle: Cycle) -> dict[str, list[RunningTask]]:
+    groups: dict[str, list[RunningTask]] = {}
+    for task in cycle.workspace.running_tasks():
+        if task.preemptible and task.task_id in cycle.snapshot.running:
+            groups.setdefault(task.queue, []).append(task)
+    return groups
 
 
 def _eligible(cycle: Cycle, job: JobSpec, task: RunningTask) -> bool:

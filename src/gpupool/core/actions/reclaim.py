@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpupool.core.actions.evicting import start_by_evicting
+from gpupool.core.actions.evicting import Attempts, start_by_evicting
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec
 from gpupool.core.queues import GPU_UNITS, QueueTree
@@ -30,24 +30,29 @@ if TYPE_CHECKING:
 class ReclaimAction(Action):
     name = "reclaim"
 
-    def __init__(self, max_victims: int = 16) -> None:
-        if max_victims < 0:
-            raise ValueError("reclaim: max_victims must be >= 0")
+    def __init__(self, max_victims: int = 16, max_attempts: int = 8) -> None:
+        if max_victims < 0 or max_attempts < 0:
+            raise ValueError("reclaim: max_victims and max_attempts must be >= 0")
         self.max_victims = max_victims
+        self.max_attempts = max_attempts
 
     def execute(self, cycle: Cycle) -> None:
         tree = cycle.tree
         if tree is None:
             return
-        left = self.max_victims
+        left, attempts = self.max_victims, Attempts(self.max_attempts)
+        running = cycle.workspace.running_tasks()
         for job in cycle.pending_order():
-            if left <= 0:
+            if left <= 0 or attempts.exhausted:
                 return
-            if job.queue not in tree.specs or not _under_share(cycle, job):
+            if job.queue not in tree.specs or attempts.known_to_fail(job) or not _under_share(cycle, job):
                 continue
-            candidates = [t for t in cycle.workspace.running_tasks() if _eligible(cycle, tree, job, t)]
+            candidates = [t for t in running if _eligible(cycle, tree, job, t)]
             if candidates:
-                left -= start_by_evicting(cycle, job, candidates, _AboveShare(cycle, tree, job), left, "reclaimed")
+                evicted = start_by_evicting(cycle, job, candidates, _AboveShare(cycle, tree, job), left, "reclaimed")
+                attempts.record(job, evicted)
+                left -= evicted
+                running = cycle.workspace.running_tasks() if evicted else running
 
 
 def _under_share(cycle: Cycle, job: JobSpec) -> bool:

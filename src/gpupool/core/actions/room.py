@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpupool.core.fit import node_fits
 from gpupool.core.model import TaskShape
+from gpupool.core.nodes import NodeState
 from gpupool.core.snapshot import RunningTask
 from gpupool.core.statement import Statement
 
@@ -36,10 +37,10 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             by_node.setdefault(table.index[current.node], []).append(current)
     candidates = []
     for i, tasks in by_node.items():
-        state = table.states[i]
-        for task in tasks:
-            state = state.give(task.shape, task.shares)
-        if not node_fits(table.kinds[i], state.with_schedulable(True), shape) and table.states[i].schedulable:
+        kind = table.kinds[i]
+        if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
+            continue
+        if table.states[i].schedulable and not node_fits(kind, _without(table.states[i], tasks), shape):
             candidates.append((sum(t.shape.total_gpu_milli for t in tasks), table.names[i], i))
     for _, _, i in sorted(candidates)[:CANDIDATE_NODES]:
         checkpoint = stmt.checkpoint()
@@ -48,6 +49,19 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             return i, used
         stmt.rollback(checkpoint)
     return None
+
+
+def _without(state: NodeState, tasks: list[RunningTask]) -> NodeState:
+    """The node's state if all `tasks` were gone (one pass; tags are irrelevant to fitting)."""
+    gpu, gmem = list(state.gpu_free), list(state.gpu_memory_free)
+    cpu, mem = state.cpu_free, state.memory_free
+    for task in tasks:
+        cpu += task.shape.cpu_milli
+        mem += task.shape.memory_mib
+        for share in task.shares:
+            gpu[share.index] += share.milli
+            gmem[share.index] += share.memory_mib
+    return NodeState(cpu, mem, tuple(gpu), tuple(gmem))
 
 
 def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[RunningTask],
