@@ -6,6 +6,7 @@ Suites:
   speed  placement decisions per second of `fgd` and `best` at about 1k, 5k and 10k nodes (scaled copies of
          openb), against an uncached per-node evaluation measured in the same run
   cycle  scheduling-cycle latency (p50, p99) with 1,000 pending jobs in 4 queues on openb, per profile
+  control-plane  submits/s and submit -> placed latency, 250 fake nodes x 8 GPUs, SQLite and PostgreSQL
 Run `python benchmarks/run.py --help` for options; `make bench BENCH_ARGS="--suite speed"` runs one suite.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import control_plane  # noqa: E402
 import cycle_latency  # noqa: E402
 import fill_fidelity  # noqa: E402
 import placement_speed  # noqa: E402
@@ -33,7 +35,7 @@ def shared() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle"], default="all")
+    parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle", "control-plane"], default="all")
     parser.add_argument("--traces", default=",".join(FGD_TRACES), help="comma-separated openb pod lists")
     parser.add_argument("--policies", default="random,dotprod,gpuclustering,gpupacking,bestfit,fgd")
     parser.add_argument("--seeds", default="42-51")
@@ -45,6 +47,8 @@ def main() -> None:
         sys.exit(f"benchmarks need the shared openb trace at {openb} (set GPUPOOL_SHARED)")
     if args.suite in ("all", "speed"):
         placement_speed.run(openb, args.out / "speed")
+    if args.suite in ("all", "control-plane"):
+        control_plane.run()
     if args.suite in ("all", "cycle"):
         cycle_latency.run(openb, Path(__file__).resolve().parents[1] / "examples" / "openb-4-queues.yaml")
     if args.suite in ("all", "fill"):

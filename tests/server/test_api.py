@@ -112,3 +112,37 @@ def test_requests_without_a_valid_token_are_refused(server):
     import httpx
     assert httpx.get(f"{server.url}/api/v1/jobs").status_code == 401
     assert httpx.get(f"{server.url}/api/v1/jobs", headers={"Authorization": "Bearer gp_x_y"}).status_code == 401
+
+
+def _register_node(server, name="n1", gpus=1):
+    import httpx
+
+    from gpupool.protocol.agent import Registration
+    from gpupool.protocol.devices import GpuInfo
+    with server.client() as c:
+        token = c.post("/join-tokens", json={"ttl_s": 600}).json()["token"]
+    reg = Registration(join_token=token, name=name, boot_id="b", cpu_milli=64_000, memory_mib=65_536,
+                       gpus=[GpuInfo(index=i, uuid=f"GPU-test-{name}-{i}", model="A100", memory_mib=40_960, fake=True)
+                             for i in range(gpus)])
+    response = httpx.post(f"{server.url}/api/v1/agent/register", content=reg.model_dump_json(),
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    again = httpx.post(f"{server.url}/api/v1/agent/register", content=reg.model_dump_json(),
+                       headers={"content-type": "application/json"})
+    assert again.status_code == 401  # join tokens are single use
+
+
+def test_ten_tenths_share_one_gpu_and_an_eleventh_waits(server):
+    import time
+    _register_node(server)
+    with server.client() as c:
+        ids = [c.post("/jobs", json={"command": ["sleep", "60"], "gpus": "0.1", "cpus": "0.1", "memory_mib": 10}
+                      ).json()["id"] for _ in range(11)]
+        for _ in range(100):
+            states = [c.get(f"/jobs/{i}").json()["state"] for i in ids]
+            if states.count("scheduled") == 10:
+                break
+            time.sleep(0.1)
+        assert states.count("scheduled") == 10 and states.count("pending") == 1
+        node = c.get("/nodes").json()[0]
+        assert node["gpus"][0]["allocated_milli"] == 1000

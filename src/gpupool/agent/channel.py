@@ -10,8 +10,10 @@
 
 Across connections it polls workloads and tails their logs every `tick_s`, reconnects with full-jitter exponential
 backoff, and SELF-FENCES: after `fence_s` without any frame from the control plane it stops every workload and
-reports them "fenced" once it is back (RELIABILITY.md §4.2). Stopping the channel (agent shutdown) leaves the
-workloads running, to be adopted by the next agent process.
+reports them "fenced" once it is back (RELIABILITY.md §4.2). Every frame from the control plane also renews the
+runtime's lease, so the runtime's watchdog fences the workloads on its own when this agent dies or hangs. Stopping
+the channel (agent shutdown) leaves the workloads running, to be adopted by the next agent process, which must reach
+the control plane within `fence_s` of the last frame this one heard.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -265,6 +268,7 @@ class Channel:
             log.warning("ignoring a malformed frame from the control plane: %s", str(exc)[:300])
             return
         self.fence_timer.heard()
+        self._renew_lease()
         self.backoff.reset()
         if isinstance(frame, Ack):
             self.workloads.on_acked(self.outbox.ack(frame.seq))
@@ -288,6 +292,14 @@ class Channel:
         for handle in handles:
             self._stop_in_background(handle, self._config.kill_grace_s)
         return True
+
+    def _renew_lease(self) -> None:
+        """Tell the runtime's watchdogs we just heard from the control plane (the real monotonic clock, which they
+        read in other processes); a failed write only means they may fence early, so it never stops the channel."""
+        try:
+            self._runtime.renew_lease(time.monotonic())
+        except OSError as exc:
+            log.warning("could not renew the workloads' lease: %s", exc)
 
     async def _connect_once(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self._config.credential}"}

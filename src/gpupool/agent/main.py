@@ -2,7 +2,7 @@
 
 `run_agent` is what `gpupool agent` calls. Files under `data_dir` (created 0700):
 
-    node.json        node id, credential, heartbeat_s and fence_s from registration (0600); its presence means
+    node.json        node id, credential, heartbeat_s, fence_s, kill_grace_s from registration (0600); it means
                      "registered": a restarted agent reuses it and never spends a join token again
     epoch            the highest control-plane epoch seen (stale orders stay refused across restarts)
     workloads/       the runtime's per-workload folders (state, exit code, log)
@@ -29,7 +29,7 @@ from pathlib import Path
 from gpupool.agent.channel import Channel, ChannelConfig, CredentialRejected, RegistrationError, register
 from gpupool.agent.devices import DeviceDiscovery, open_discovery
 from gpupool.agent.runtime.container import open_runtime
-from gpupool.agent.timing import Backoff
+from gpupool.agent.timing import DEFAULT_KILL_GRACE_S, Backoff
 from gpupool.protocol.agent import Registration
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class NodeIdentity:
     credential: str
     heartbeat_s: float
     fence_s: float
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S
 
 
 def load_identity(data_dir: Path, server: str) -> NodeIdentity | None:
@@ -138,7 +139,8 @@ async def obtain_identity(
             await _sleep_unless(stop, delay)
             continue
         identity = NodeIdentity(
-            server, registration.name, reply.node_id, reply.credential, reply.heartbeat_s, reply.fence_s
+            server, registration.name, reply.node_id, reply.credential, reply.heartbeat_s, reply.fence_s,
+            reply.kill_grace_s,
         )
         save_identity(data_dir, identity)
         log.info("registered as node %s (%s)", identity.node_id, identity.name)
@@ -186,7 +188,7 @@ async def _agent(
     identity = await obtain_identity(server, join_token, data_dir, registration, stop)
     if identity is None:
         return EXIT_OK
-    runtime = open_runtime(data_dir / WORKLOADS_DIR)
+    runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s)
     adopted = runtime.adopt()
     log.info("boot %s: adopted %d workload(s) from %s", boot_id, len(adopted), runtime.directory)
     config = ChannelConfig(
@@ -195,6 +197,7 @@ async def _agent(
         boot_id=boot_id,
         heartbeat_s=heartbeat_s or identity.heartbeat_s,
         fence_s=identity.fence_s,
+        kill_grace_s=identity.kill_grace_s,
         epoch_path=data_dir / EPOCH_FILE,
     )
     try:

@@ -238,7 +238,7 @@ class Workloads:
 
     def _final_status(self, workload: Workload, exit_code: int | None) -> TaskStatus:
         key = workload.handle.key
-        if workload.fenced:
+        if workload.fenced or self._runtime.self_fenced(workload.handle):
             return self._status(key, "fenced", exit_code, "self-fenced: no word from the control plane")
         if exit_code is None:
             return self._status(key, "failed", None, "the workload ended without a recorded exit code")

@@ -18,16 +18,17 @@ from gpupool.cli.render import console
 
 
 def server(data_dir: Path = typer.Option(Path("gpupool-data"), help="where the database and logs live"),
-           host: str = typer.Option("127.0.0.1", help="bind address (keep loopback unless behind TLS)"),
-           port: int = typer.Option(8181, min=1, max=65535),
+           host: str | None = typer.Option(None, help="bind address, default $GPUPOOL_HOST or 127.0.0.1 (keep "
+                                                       "loopback unless behind TLS)"),
+           port: int | None = typer.Option(None, min=1, max=65535, help="default $GPUPOOL_PORT or 8181"),
            database_url: str | None = typer.Option(None, help="postgresql+psycopg://... (default: SQLite in data dir)"),
-           profile: str = typer.Option("default", help="scheduling profile"),
+           profile: str | None = typer.Option(None, help="scheduling profile, default $GPUPOOL_PROFILE or default"),
            log_level: str = typer.Option("warning")) -> None:
-    """Run the control plane (API, scheduler, agent channel)."""
-    args = [sys.executable, "-m", "gpupool.server", "--data-dir", str(data_dir), "--host", host, "--port", str(port),
-            "--profile", profile, "--log-level", log_level]
-    if database_url:
-        args += ["--database-url", database_url]
+    """Run the control plane (API, scheduler, agent channel). Unset options leave the GPUPOOL_* variables in force."""
+    args = [sys.executable, "-m", "gpupool.server", "--data-dir", str(data_dir), "--log-level", log_level]
+    for flag, value in (("--host", host), ("--port", port), ("--profile", profile), ("--database-url", database_url)):
+        if value:
+            args += [flag, str(value)]
     os.execv(sys.executable, args)
 
 

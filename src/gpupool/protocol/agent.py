@@ -41,6 +41,7 @@ class RegistrationReply(_Frame):
     credential: str
     heartbeat_s: float
     fence_s: float
+    kill_grace_s: float = 10.0
 
 
 class RunningReport(_Frame):

@@ -44,6 +44,20 @@ def gpus_to_milli(value: str | int | float) -> int:
     return int(milli)
 
 
+MAX_AMOUNT = Decimal(10) ** 9  # of GPUs or CPUs in one quota: beyond any cluster, and cheap to turn into milli
+
+
+def _amount(value: str) -> str:
+    """A quota amount: a finite decimal in [0, MAX_AMOUNT] ("Infinity" or "1e999999" would overflow later)."""
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        amount = Decimal("NaN")
+    if not amount.is_finite() or not 0 <= amount <= MAX_AMOUNT:
+        raise ValueError(f"{value!r} is not a number between 0 and {MAX_AMOUNT}")
+    return value
+
+
 class Resources(_Request):
     gpus: str | None = None
     cpus: str | None = None
@@ -53,12 +67,13 @@ class Resources(_Request):
     @field_validator("gpus", "cpus")
     @classmethod
     def _decimal(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                if Decimal(value) < 0:
-                    raise ValueError
-            except (InvalidOperation, ValueError):
-                raise ValueError(f"{value!r} is not a non-negative number") from None
+        return None if value is None else _amount(value)
+
+    @field_validator("per_model")
+    @classmethod
+    def _per_model(cls, value: dict[str, str]) -> dict[str, str]:
+        for gpus in value.values():
+            _amount(gpus)
         return value
 
 
@@ -102,6 +117,7 @@ class UserOut(_Response):
 class TokenCreate(_Request):
     name: str = Field(default="", max_length=64)
     user: str | None = Field(default=None, description="user name in your organisation (admins only)")
+    org: str | None = Field(default=None, description="organisation of `user` (operators only)")
     ttl_s: int | None = Field(default=None, ge=60, le=366 * 86400)
 
 
@@ -138,6 +154,13 @@ class QueueCreate(_Request):
     preempt_min_runtime_s: float = Field(default=0, ge=0)
     reclaim_min_runtime_s: float = Field(default=0, ge=0)
     idle_reclaim_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("approval_above_gpus")
+    @classmethod
+    def _threshold(cls, value: str | None) -> str | None:
+        if value is not None:
+            gpus_to_milli(value)
+        return value
 
 
 class QueueOut(_Response):

@@ -93,7 +93,7 @@ class AgentHub:
         self.reload_nodes()
         self.last_seen[node_id] = time.monotonic()
         return RegistrationReply(node_id=node_id, credential=credential, heartbeat_s=self.settings.heartbeat_s,
-                                 fence_s=self.settings.fence_s)
+                                 fence_s=self.settings.fence_s, kill_grace_s=self.settings.kill_grace_s)
 
     def _upsert_node(self, session, reg: Registration) -> Node:  # noqa: ANN001 - a Session
         node = session.scalar(select(Node).where(Node.name == reg.name))

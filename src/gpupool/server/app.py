@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from sqlalchemy import select
+from sqlalchemy.exc import DataError
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
 import gpupool
@@ -109,11 +113,28 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="gpupool", version=gpupool.__version__, lifespan=lifespan)
     app.state.db, app.state.cache, app.state.hub, app.state.settings = db, cache, hub, settings
     app.state.fair_shares = lambda: {}
+    app.state.principals = {}
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.include_router(api.router)
+    _error_handlers(app)
     _system_routes(app, metrics)
     _agent_routes(app, hub)
     return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input as UTF-8 and fails (500) on a lone surrogate ("\ud800"), which
+        # JSON allows; ASCII-escaped JSON carries any input.
+        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        return Response(body, status_code=422, media_type="application/json")
+
+    @app.exception_handler(DataError)
+    async def refused_by_database(request: Request, exc: DataError) -> Response:
+        # A value the database itself refuses: a NUL character in text on PostgreSQL, an integer out of range.
+        return JSONResponse({"detail": "a value in the request is out of range or holds a character the database "
+                                       "cannot store (such as NUL)"}, status_code=422)
 
 
 def _system_routes(app: FastAPI, metrics: Metrics) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -85,11 +86,23 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+#: How long a resolved token is trusted without another database read (revocation takes effect within it).
+PRINCIPAL_TTL_S = 2.0
+
+
 def principal_from(request: Request) -> Principal:
     token = _bearer(request)
-    db = request.app.state.db
-    with db.session() as session:
-        return resolve(session, token)
+    cache: dict[str, tuple[float, Principal]] = request.app.state.principals
+    hit = cache.get(token)
+    now = time.monotonic()
+    if hit is not None and now - hit[0] < PRINCIPAL_TTL_S:
+        return hit[1]
+    with request.app.state.db.session() as session:
+        principal = resolve(session, token)
+    if len(cache) > 10_000:
+        cache.clear()
+    cache[token] = (now, principal)
+    return principal
 
 
 def require(principal: Principal, role: str) -> None:

@@ -151,3 +151,11 @@ class WorkloadRuntime(ABC):
     @abstractmethod
     def set_note(self, handle: RunHandle, note: str) -> RunHandle:
         """Persist `note` with the workload and return the updated handle."""
+
+    def renew_lease(self, heard_at: float) -> None:  # noqa: B027 - optional: runtimes without a watchdog ignore it
+        """The agent last heard from the control plane at `heard_at` (time.monotonic()); a runtime that watches its
+        workloads independently of the agent stops them once this is older than the fence interval."""
+
+    def self_fenced(self, handle: RunHandle) -> bool:
+        """True when the runtime's own watchdog stopped the workload (its lease ran out)."""
+        return False

@@ -5,9 +5,16 @@ Layout under the runtime's directory, one folder per (allocation, attempt):
     <dir>/<allocation>.<attempt>/state.json   pid, pgid, /proc start ticks, host boot id, log path, note (0600)
     <dir>/<allocation>.<attempt>/output.log   the workload's stdout and stderr (0600)
     <dir>/<allocation>.<attempt>/exit_code    written by the wrapper (or by `stop` after a SIGKILL)
+    <dir>/<allocation>.<attempt>/fenced       created by the wrapper when it self-fenced the workload
+    <dir>/lease                               when the agent last heard from the control plane (see below)
 
 The files are what lets a restarted agent `adopt()` workloads that outlived it, refuse to signal a reused pid,
 and learn the exit code of a workload that ended while no agent was watching.
+
+With `fence_s` set (the agent sets it), every wrapper is also the workload's watchdog: `renew_lease` records the
+CLOCK_MONOTONIC time the agent last heard from the control plane, and a wrapper whose lease is older than `fence_s`
+stops its workload (SIGTERM, `fence_grace_s`, SIGKILL) even when the agent itself is dead or hung, so a lost node's
+attempt cannot run on after the control plane has started the next one elsewhere (RELIABILITY.md §2.2, T2).
 
 Environment of a workload: a few variables of the agent's own environment (`BASE_ENV_KEYS`), then the order's
 `env`, then the variables gpupool owns (see `gpu_env` and `workload_env`), which always win.
@@ -31,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpupool.agent.clock import Clock, MonotonicClock, WallClock
+from gpupool.agent.runtime._wrapper import FENCED_FILE
 from gpupool.agent.runtime.base import (
     RUNNING,
     LaunchError,
@@ -51,6 +59,7 @@ WRAPPER = Path(__file__).with_name("_wrapper.py")
 STATE_FILE = "state.json"
 EXIT_FILE = "exit_code"
 LOG_FILE = "output.log"
+LEASE_FILE = "lease"
 KILL_WAIT_S = 5.0
 POLL_STEP_S = 0.02
 STATE_VERSION = 1
@@ -116,7 +125,8 @@ class ProcessRuntime(WorkloadRuntime):
     """Workloads as local processes; see the module docstring for the on-disk layout and the environment.
 
     Thread-safe: `stop` may run in a worker thread while the event loop polls. `clock` and `sleep` drive the
-    grace-period waits; `wall_clock` stamps `started_at`; `proc` is the /proc root.
+    grace-period waits; `wall_clock` stamps `started_at`; `proc` is the /proc root. `fence_s` (None: no watchdog)
+    and `fence_grace_s` configure the wrappers' self-fencing (see the module docstring).
     """
 
     def __init__(
@@ -129,8 +139,11 @@ class ProcessRuntime(WorkloadRuntime):
         sleep: Callable[[float], None] = time.sleep,
         python: str = sys.executable,
         proc: Path = PROC,
+        fence_s: float | None = None,
+        fence_grace_s: float = 10.0,
     ) -> None:
         self._root = Path(directory)
+        self._fence = None if fence_s is None else (self._root / LEASE_FILE, fence_s, fence_grace_s)
         self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._clock = clock if clock is not None else MonotonicClock()
@@ -205,6 +218,17 @@ class ProcessRuntime(WorkloadRuntime):
         write_handle(updated)
         return updated
 
+    def renew_lease(self, heard_at: float) -> None:
+        """Record `heard_at` (time.monotonic() when the agent last heard from the control plane) for the wrappers."""
+        if self._fence is not None:
+            tmp = self._root / f"{LEASE_FILE}.tmp"
+            tmp.write_text(f"{heard_at:.6f}\n")
+            os.replace(tmp, self._fence[0])
+
+    def self_fenced(self, handle: RunHandle) -> bool:
+        """True when the workload's wrapper stopped it because the lease ran out."""
+        return handle.state_dir is not None and (handle.state_dir / FENCED_FILE).exists()
+
     def is_alive(self, handle: RunHandle) -> bool:
         """True when the handle's process still runs: same kernel boot, same pid, same start time, not a zombie."""
         if handle.host_boot_id != self._boot_id:
@@ -246,7 +270,8 @@ class ProcessRuntime(WorkloadRuntime):
     def _spawn(
         self, argv: list[str], env: Mapping[str, str], cwd: str, log_path: Path, exit_path: Path
     ) -> subprocess.Popen[bytes]:
-        wrapped = [self._python, "-I", "-S", str(WRAPPER), str(exit_path), "--", *argv]
+        lease = [] if self._fence is None else [str(self._fence[0]), f"{self._fence[1]:g}", f"{self._fence[2]:g}"]
+        wrapped = [self._python, "-I", "-S", str(WRAPPER), str(exit_path), *lease, "--", *argv]
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             return subprocess.Popen(

@@ -72,8 +72,9 @@ def list_tokens(who: Caller, db: Db) -> list[api.TokenOut]:
 
 
 @router.delete("/tokens/{token_id}", status_code=204, tags=["auth"])
-def revoke_token(token_id: str, who: Caller, db: Db) -> Response:
+def revoke_token(token_id: str, who: Caller, db: Db, request: Request) -> Response:
     tenancy.revoke_token(db, who, token_id)
+    request.app.state.principals.clear()  # this process forgets it at once; others within PRINCIPAL_TTL_S
     return Response(status_code=204)
 
 

@@ -58,11 +58,12 @@ class Binder:
         for d in decisions:
             if isinstance(d, Bind):
                 binds[d.job_id].append(d)
+        claimed: set[tuple[str, int]] = set()
         try:
             with self.db.session() as session:
                 stops = self._evict(session, stopping)
                 planned = [p for job_id, group in binds.items()
-                           for p in self._bind(session, jobs[job_id], group, busy, epoch)]
+                           for p in self._bind(session, jobs[job_id], group, busy, claimed, epoch)]
         except IntegrityError as exc:
             log.warning("binder: transaction refused, retrying next cycle: %s", exc.orig)
             return 0
@@ -86,13 +87,15 @@ class Binder:
         return stops
 
     def _bind(self, session: Session, job: JobSpec, group: list[Bind], busy: set[tuple[str, int]],
-              epoch: int) -> list[Planned]:
+              claimed: set[tuple[str, int]], epoch: int) -> list[Planned]:
         row = session.get(Job, job.id, with_for_update=True)
         if row is None or row.state != "pending":
             return []
-        slots = [self.cache.slots_for(b.node, b.shares) for b in group]
+        mine: set[tuple[str, int]] = set(claimed)
+        slots = [self.cache.slots_for(b.node, b.shares, mine) for b in group]
         if any(s in busy for chosen in slots for s in chosen):
             return []
+        claimed.update(mine)
         row.attempt += 1
         row.state, row.reason = "scheduled", None
         planned = []

@@ -70,17 +70,20 @@ class ClusterCache:
         i = self.table.index[entry.spec.name]
         self.table.set_state(i, self.table.states[i].with_schedulable(entry.schedulable))
 
-    def slots_for(self, node: str, shares: tuple[DeviceShare, ...]) -> tuple[tuple[str, int], ...]:
-        """Free (gpu id, slot) pairs covering `shares` on `node`, without taking them."""
+    def slots_for(self, node: str, shares: tuple[DeviceShare, ...],
+                  claimed: set[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+        """Free (gpu id, slot) pairs covering `shares` on `node`, skipping `claimed` ones, and add them to it."""
         entry = self.nodes[node]
         chosen = []
         for share in shares:
             gpu_id = entry.gpu_ids[share.index]
-            free = [s for s in range(SLOTS_PER_GPU) if s not in self.used_slots.get(gpu_id, set())]
+            used = self.used_slots.get(gpu_id, set())
+            free = [s for s in range(SLOTS_PER_GPU) if s not in used and (gpu_id, s) not in claimed]
             need = -(-share.milli // MILLI_PER_SLOT)
             if len(free) < need:
                 raise ValueError(f"node {node} GPU {share.index} has {len(free)} free slots, needs {need}")
             chosen += [(gpu_id, s) for s in free[:need]]
+        claimed.update(chosen)
         return tuple(chosen)
 
     def assume(self, allocation_id: str, task: RunningTask, slots: tuple[tuple[str, int], ...]) -> None:

@@ -122,9 +122,12 @@ def list_jobs(session: Session, principal: Principal, state: str | None, queue: 
 
 def _decode_cursor(cursor: str) -> int:
     try:
-        return int(base64.urlsafe_b64decode(cursor.encode()).decode())
+        seq = int(base64.urlsafe_b64decode(cursor.encode()).decode())
     except (ValueError, UnicodeDecodeError):
-        raise HTTPException(422, "cursor: not a cursor this API returned") from None
+        seq = -1
+    if not 0 <= seq < 1 << 63:  # a database integer; a bigger one is a 500 on SQLite, not a cursor
+        raise HTTPException(422, "cursor: not a cursor this API returned")
+    return seq
 
 
 def events(session: Session, job: Job) -> list[api.EventOut]:

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
-from gpupool.server.auth import Principal, hash_secret, new_token, require
+from gpupool.server.auth import RANK, Principal, hash_secret, new_token, require
 from gpupool.server.db.models import JoinToken, Org, Project, QueueRow, Token, User
 
 
@@ -103,11 +103,13 @@ def create_token(session: Session, principal: Principal, body: api.TokenCreate) 
     if principal.role == "agent":
         raise HTTPException(403, "agents cannot create tokens")
     user_id, user_name = principal.user_id, principal.user_name
-    if body.user is not None and body.user != principal.user_name:
+    if body.user is not None and (body.user != principal.user_name or body.org not in (None, principal.org_name)):
         require(principal, "tenant-admin")
-        user = session.scalar(select(User).where(User.org_id == principal.org_id, User.name == body.user))
+        org = org_for(session, principal, body.org)
+        user = session.scalar(select(User).where(User.org_id == org.id, User.name == body.user))
         if user is None:
             raise HTTPException(404, f"user {body.user!r} not found")
+        _not_above(principal, user)
         user_id, user_name = user.id, user.name
     prefix, secret = new_token()
     expires = datetime.now(UTC) + timedelta(seconds=body.ttl_s) if body.ttl_s else None
@@ -138,7 +140,14 @@ def revoke_token(session: Session, principal: Principal, token_id: str) -> None:
         principal.at_least("tenant-admin") and _visible(principal, owner.org_id)))
     if row is None or not allowed:
         raise HTTPException(404, "token not found")
+    _not_above(principal, owner)  # type: ignore[arg-type]
     row.revoked_at = row.revoked_at or datetime.now(UTC)
+
+
+def _not_above(principal: Principal, user: User) -> None:
+    """403 when `user` outranks the caller: a tenant admin must not mint or revoke an operator's tokens."""
+    if RANK.get(user.role, len(RANK)) > RANK[principal.role]:
+        raise HTTPException(403, f"user {user.name!r} holds a higher role than yours")
 
 
 def create_join_token(session: Session, principal: Principal, body: api.JoinTokenCreate) -> api.JoinTokenOut:

@@ -1,0 +1,1 @@
+"""Development tools: real servers for tests and benchmarks."""
