@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gpupool.cli import cluster, sim, up
+from gpupool.cli import billing, cluster, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="gpupool: pool every GPU of an organisation and hand it out dynamically.")
@@ -22,6 +22,11 @@ app.add_typer(cluster.node_app, name="node")
 app.command()(cluster.top)
 app.command()(cluster.login)
 app.add_typer(cluster.token_app, name="join-token")
+app.command()(billing.usage)
+app.command()(billing.statement)
+app.add_typer(billing.budget_app, name="budget")
+app.add_typer(billing.price_app, name="price")
+app.command()(billing.check)
 
 
 if __name__ == "__main__":

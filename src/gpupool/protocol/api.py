@@ -315,3 +315,37 @@ class Whoami(_Response):
     org: str | None
     role: str
     projects: list[str]
+
+
+class PriceSet(_Request):
+    model: str = Field(min_length=1, max_length=64)
+    cents_per_gpu_hour: int = Field(ge=0, le=10_000_000)
+
+
+class BudgetCreate(_Request):
+    scope: Literal["project", "queue"]
+    name: str = Field(pattern=NAME)
+    period: Literal["day", "week", "month"] = "month"
+    gpu_hours: float | None = Field(default=None, gt=0)
+    cents: int | None = Field(default=None, gt=0)
+    hard: bool = False
+
+
+class BudgetOut(_Response):
+    id: str
+    scope: str
+    name: str
+    period: str
+    gpu_hours: float | None
+    cents: int | None
+    hard: bool
+    used_gpu_hours: float
+    used_cents: float
+    exceeded: bool
+
+
+class UsageOut(_Response):
+    key: str
+    gpu_hours: float
+    cost: float
+    entries: int

@@ -10,7 +10,6 @@ its own start, or when more than `impaired_silent_share` of its agents went sile
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
@@ -22,6 +21,7 @@ from fastapi import HTTPException, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 
+from gpupool.core.metrics import cluster_figures
 from gpupool.protocol.agent import (
     MAX_FRAME_BYTES,
     Ack,
@@ -37,11 +37,12 @@ from gpupool.protocol.agent import (
 from gpupool.protocol.devices import GpuTelemetry
 from gpupool.server.auth import hash_secret, new_token, resolve
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, Gpu, JoinToken, Node, Token
+from gpupool.server.db.models import Allocation, ClusterSample, Gpu, JoinToken, Node, Token
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, node_spec, nodes_with_gpus
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
 from gpupool.server.services.lifecycle import Lifecycle
+from gpupool.server.services.metering import meter
 from gpupool.server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -241,13 +242,31 @@ class AgentHub:
     # liveness --------------------------------------------------------------------------------
 
     async def monitor(self) -> None:
-        """Every second: suspect silent nodes, declare lost ones, and end grants past their limit."""
+        """Every second: suspect silent nodes, declare lost ones, end grants past their limit; and every
+        `metering_interval_s` write the usage ledger and a cluster sample."""
+        last_metered = 0.0
         while True:
             await asyncio.sleep(min(1.0, self.settings.heartbeat_s))
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.to_thread(self.check_liveness, time.monotonic())
                 assert self.lifecycle is not None
                 await asyncio.to_thread(self.lifecycle.enforce_limits, time.time())
+                if time.monotonic() - last_metered >= self.settings.metering_interval_s:
+                    await asyncio.to_thread(self.meter_and_sample)
+                    last_metered = time.monotonic()
+            except Exception:  # a bug: keep monitoring, and say so
+                log.exception("monitor pass failed")
+
+    def meter_and_sample(self) -> None:
+        now = datetime.now(UTC)
+        with self.db.session() as session:
+            meter(session, now)
+            with self.cache.lock:
+                figures = cluster_figures(self.cache.table)
+            used = sum(t.utilization_pct for tele in self.telemetry.values() for t in tele) / 100
+            session.merge(ClusterSample(at=now.replace(microsecond=0), gpus=figures.capacity_milli / 1000,
+                                        allocated=figures.allocated_milli / 1000, used=used,
+                                        fragmented_nodes=figures.fragmented_nodes, gpu_nodes=figures.nodes))
 
     def check_liveness(self, now: float) -> None:
         silent = {n: now - t for n, t in self.last_seen.items()}

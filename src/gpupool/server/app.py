@@ -33,7 +33,7 @@ from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, job_spec
 from gpupool.server.metrics import Metrics
-from gpupool.server.routers import api
+from gpupool.server.routers import api, usage
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, running_task
 from gpupool.server.scheduler.lease import SchedulerLease, holder_id
@@ -116,6 +116,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.principals = {}
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.include_router(api.router)
+    app.include_router(usage.router)
     _error_handlers(app)
     _system_routes(app, metrics)
     _agent_routes(app, hub)

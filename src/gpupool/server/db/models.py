@@ -177,6 +177,8 @@ class Allocation(Base):
     released_at: Mapped[datetime | None] = mapped_column()
     exit_code: Mapped[int | None] = mapped_column()
     release_reason: Mapped[str] = mapped_column(String(32), default="")
+    #: the ledger holds this allocation's usage up to here (metering is idempotent per period)
+    metered_until: Mapped[datetime | None] = mapped_column()
 
 
 class AllocationSlot(Base):
@@ -200,3 +202,66 @@ class Lease(Base):
     holder: Mapped[str] = mapped_column(String(64))
     epoch: Mapped[int] = mapped_column(default=0)
     expires_at: Mapped[datetime] = mapped_column()
+
+
+class Price(Base):
+    """What one GPU-hour of a model costs, in cents (the unit of every amount in the ledger)."""
+
+    __tablename__ = "prices"
+    model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cents_per_gpu_hour: Mapped[int] = mapped_column()
+
+
+class LedgerEntry(Base):
+    """Append-only usage: one row per allocation and metering period, unique by `source_key`.
+
+    `gpu_milli_seconds` is milli-GPU held x seconds (fractions count as they were granted); `cost_micro_cents`
+    is that times the model's price, in millionths of a cent, so sums stay exact integers.
+    """
+
+    __tablename__ = "ledger"
+    __table_args__ = (Index("ix_ledger_period", "org_id", "start"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source_key: Mapped[str] = mapped_column(String(128), unique=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    user_id: Mapped[str] = mapped_column(String(32))
+    queue: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    allocation_id: Mapped[str] = mapped_column(String(32), index=True)
+    model: Mapped[str] = mapped_column(String(64))
+    tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    start: Mapped[datetime] = mapped_column()
+    end: Mapped[datetime] = mapped_column()
+    gpu_milli: Mapped[int] = mapped_column()
+    gpu_milli_seconds: Mapped[int] = mapped_column()
+    cost_micro_cents: Mapped[int] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Budget(Base):
+    """A GPU-hour or money budget per project or queue and period; a hard one stops admitting new jobs."""
+
+    __tablename__ = "budgets"
+    __table_args__ = (UniqueConstraint("scope", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    org_id: Mapped[str | None] = mapped_column(ForeignKey("orgs.id"))
+    scope: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(64))
+    period: Mapped[str] = mapped_column(String(8))
+    gpu_hours: Mapped[float | None] = mapped_column(Float)
+    cents: Mapped[int | None] = mapped_column()
+    hard: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ClusterSample(Base):
+    """Cluster figures sampled every minute, for the dashboard's charts."""
+
+    __tablename__ = "cluster_samples"
+    at: Mapped[datetime] = mapped_column(primary_key=True)
+    gpus: Mapped[float] = mapped_column(Float)
+    allocated: Mapped[float] = mapped_column(Float)
+    used: Mapped[float] = mapped_column(Float)
+    fragmented_nodes: Mapped[int] = mapped_column()
+    gpu_nodes: Mapped[int] = mapped_column()

@@ -11,17 +11,24 @@ import logging
 import random
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from gpupool.core import Framework, Workload, default_registry, run_cycle, scheduling_profile
-from gpupool.core.diagnostics import PendingReason
+from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.model import TaskShape
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Job
+from gpupool.server.db.models import Job, Project
 from gpupool.server.db.repositories import job_spec, pending_jobs, queue_tree
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache
 from gpupool.server.scheduler.lease import SchedulerLease
+from gpupool.server.services.metering import exhausted_hard_budgets
+
+BUDGET_REFRESH_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,8 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self._reasons: dict[str, PendingReason] = {}
+        self._budgets: dict[tuple[str, str], str] = {}
+        self._budgets_at = float("-inf")
         self.cycles = 0
 
     def start(self) -> None:
@@ -78,18 +87,36 @@ class SchedulerLoop:
         with self.db.session() as session:
             rows = pending_jobs(session)
             tree = queue_tree(session)
-        specs = {row.id: job_spec(row) for row in rows}
+            held = self._over_budget(session, rows)
+        specs = {row.id: job_spec(row) for row in rows if row.id not in held}
         started = time.perf_counter()
         with self.cache.lock:
             snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree)
             result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
         seconds = time.perf_counter() - started
         placed = self.binder.apply(result.decisions, specs, self.lease.epoch)
-        self._record_reasons(result.pending)
+        self._record_reasons({**result.pending, **held})
         self.cycles += 1
         if self.metrics is not None:
             self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares)
         return placed
+
+    def _over_budget(self, session: Session, rows: list[Job]) -> dict[str, PendingReason]:
+        """Pending jobs of projects or queues whose hard budget is spent: held back, with the reason."""
+        now = time.monotonic()
+        if now - self._budgets_at > BUDGET_REFRESH_S:
+            self._budgets = exhausted_hard_budgets(session, datetime.now(UTC))
+            self._budgets_at = now
+        if not self._budgets:
+            return {}
+        projects = {p.id: p.name for p in session.scalars(select(Project))}
+        held = {}
+        for row in rows:
+            why = self._budgets.get(("project", projects.get(row.project_id, ""))) or self._budgets.get(
+                ("queue", row.queue))
+            if why:
+                held[row.id] = PendingReason(PendingKind.BUDGET_EXHAUSTED, why)
+        return held
 
     def _record_reasons(self, pending: dict[str, PendingReason]) -> None:
         changed = {j: r for j, r in pending.items() if self._reasons.get(j) != r}

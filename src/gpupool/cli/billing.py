@@ -1,0 +1,85 @@
+"""Usage, statements, budgets and prices (public HTTP API), and the invariant check."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from gpupool.cli.client import ApiError, Client
+from gpupool.cli.cluster import fail
+from gpupool.cli.render import console, show
+
+budget_app = typer.Typer(no_args_is_help=True, help="GPU-hour or money budgets per project or queue.")
+price_app = typer.Typer(no_args_is_help=True, help="Prices per GPU model (operators).")
+
+
+def usage(start: str | None = typer.Option(None, "--from", help="ISO date, default 30 days ago"),
+          end: str | None = typer.Option(None, "--to", help="ISO date, default now"),
+          by: str = typer.Option("project", help="project, user, queue, model, job or tag:<key>"),
+          fmt: str = typer.Option("table", "--format", help="table, csv or json")) -> None:
+    """GPU-hours and cost from the metering ledger, grouped."""
+    if fmt not in ("table", "csv", "json"):
+        raise typer.BadParameter("choose table, csv or json", param_hint="--format")
+    try:
+        rows = Client().get("/usage", **{"from": start, "to": end, "by": by})
+    except ApiError as exc:
+        fail(exc)
+        return
+    if fmt == "csv":
+        console.out("key,gpu_hours,cost,entries", highlight=False)
+        for r in rows:
+            console.out(f"{r['key']},{r['gpu_hours']},{r['cost']},{r['entries']}", highlight=False)
+        return
+    show(rows, fmt == "json", [(by, "key"), ("GPU-hours", "gpu_hours"), ("cost", "cost"), ("entries", "entries")],
+         title="usage")
+
+
+def statement(project: str = typer.Option(...), month: str = typer.Option(..., help="YYYY-MM"),
+              fmt: str = typer.Option("csv", "--format", help="csv or html")) -> None:
+    """A project's monthly statement."""
+    try:
+        response = Client().request("GET", "/usage/statement", params={"project": project, "month": month,
+                                                                        "format": fmt})
+    except ApiError as exc:
+        fail(exc)
+        return
+    console.out(response.text, highlight=False)
+
+
+@budget_app.command("create")
+def budget_create(scope: str = typer.Option(..., help="project or queue"), name: str = typer.Option(...),
+                  period: str = typer.Option("month", help="day, week or month"),
+                  gpu_hours: float | None = typer.Option(None), cents: int | None = typer.Option(None),
+                  hard: bool = typer.Option(False, help="stop admitting new jobs once spent")) -> None:
+    try:
+        show(Client().post("/budgets", {"scope": scope, "name": name, "period": period, "gpu_hours": gpu_hours,
+                                        "cents": cents, "hard": hard}), True)
+    except ApiError as exc:
+        fail(exc)
+
+
+@budget_app.command("list")
+def budget_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    try:
+        show(Client().get("/budgets"), as_json, [("scope", "scope"), ("name", "name"), ("period", "period"),
+                                                 ("GPU-hours", "gpu_hours"), ("cents", "cents"), ("hard", "hard"),
+                                                 ("used GPU-h", "used_gpu_hours"), ("used cents", "used_cents"),
+                                                 ("exceeded", "exceeded")], title="budgets")
+    except ApiError as exc:
+        fail(exc)
+
+
+@price_app.command("set")
+def price_set(model: str, cents_per_gpu_hour: int) -> None:
+    try:
+        Client().request("PUT", "/prices", json={"model": model, "cents_per_gpu_hour": cents_per_gpu_hour})
+        console.print(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
+    except ApiError as exc:
+        fail(exc)
+
+
+def check(database_url: str = typer.Option(..., help="the control plane's database URL")) -> None:
+    """Verify the invariants (no double allocation, balanced ledger, ...) on a database; exit 1 on a violation."""
+    os.execv(sys.executable, [sys.executable, "-m", "gpupool.server.check", "--database-url", database_url])

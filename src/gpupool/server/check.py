@@ -1,0 +1,113 @@
+"""`python -m gpupool.server.check --database-url URL` (and `gpupool check`): verify RELIABILITY.md's
+invariants on SQLite or PostgreSQL, read-only. Exit code 1 and one line per violation if any fails.
+
+I1  no GPU slot held by two allocations at once (open, and over time)
+I3  one job per (organisation, idempotency key)
+I4  attempts only grow: no allocation carries an attempt above its job's
+I5  at most one attempt of a job holds resources at a time
+I7  the ledger balances: each entry's amounts follow from its interval, each allocation's entries add up
+    to its billable interval exactly, and no entry bills after the allocation was released
+I8  no overlap billing: a job's attempts never bill the same instant
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpupool.server.db.engine import Database
+from gpupool.server.db.models import Allocation, AllocationSlot, Job, LedgerEntry
+from gpupool.server.services.metering import aware
+
+OPEN_END = datetime.max.replace(tzinfo=UTC)
+
+
+def _overlaps(intervals: list[tuple[datetime, datetime, str]]) -> list[tuple[str, str]]:
+    intervals.sort()
+    return [(a[2], b[2]) for a, b in zip(intervals, intervals[1:], strict=False) if b[0] < a[1] and a[2] != b[2]]
+
+
+def check_slots(session: Session) -> list[str]:
+    out = []
+    open_dupes = session.execute(select(AllocationSlot.gpu_id, AllocationSlot.slot, func.count()).where(
+        AllocationSlot.released_at.is_(None)).group_by(AllocationSlot.gpu_id, AllocationSlot.slot).having(
+        func.count() > 1)).all()
+    out += [f"I1: GPU {g} slot {s} is held by {n} open allocations" for g, s, n in open_dupes]
+    created = {a.id: aware(a.created_at) for a in session.scalars(select(Allocation))}
+    by_slot: dict[tuple[str, int], list[tuple[datetime, datetime, str]]] = defaultdict(list)
+    for slot in session.scalars(select(AllocationSlot)):
+        end = aware(slot.released_at) if slot.released_at else OPEN_END
+        by_slot[(slot.gpu_id, slot.slot)].append((created[slot.allocation_id], end, slot.allocation_id))
+    for key, intervals in by_slot.items():
+        out += [f"I1: GPU {key[0]} slot {key[1]} held by {a} and {b} at once" for a, b in _overlaps(intervals)]
+    return out
+
+
+def check_jobs(session: Session) -> list[str]:
+    out = []
+    keys = session.execute(select(Job.org_id, Job.idempotency_key, func.count()).where(
+        Job.idempotency_key.is_not(None)).group_by(Job.org_id, Job.idempotency_key).having(func.count() > 1)).all()
+    out += [f"I3: idempotency key {k!r} maps to {n} jobs" for _, k, n in keys]
+    jobs = {j.id: j for j in session.scalars(select(Job))}
+    active: dict[str, set[int]] = defaultdict(set)
+    for allocation in session.scalars(select(Allocation)):
+        job = jobs.get(allocation.job_id)
+        if job is not None and allocation.attempt > job.attempt:
+            out.append(f"I4: allocation {allocation.id} has attempt {allocation.attempt} > job's {job.attempt}")
+        if allocation.state in ("starting", "running"):
+            active[allocation.job_id].add(allocation.attempt)
+    out += [f"I5: job {j} has attempts {sorted(a)} active at once" for j, a in active.items() if len(a) > 1]
+    return out
+
+
+def check_ledger(session: Session) -> list[str]:
+    out = []
+    allocations = {a.id: a for a in session.scalars(select(Allocation))}
+    billed: dict[str, int] = defaultdict(int)
+    by_job: dict[str, list[tuple[datetime, datetime, str]]] = defaultdict(list)
+    for entry in session.scalars(select(LedgerEntry)):
+        start, end = aware(entry.start), aware(entry.end)
+        if entry.gpu_milli_seconds != entry.gpu_milli * int((end - start).total_seconds() * 1000) // 1000:
+            out.append(f"I7: ledger {entry.source_key} amount does not follow from its interval")
+        allocation = allocations.get(entry.allocation_id)
+        if allocation is not None and allocation.released_at is not None and end > aware(allocation.released_at):
+            out.append(f"I7: ledger {entry.source_key} bills after its allocation was released")
+        billed[entry.allocation_id] += int((end - start).total_seconds() * 1000)
+        by_job[entry.job_id].append((start, end, f"{entry.allocation_id}:{entry.source_key.split(':')[1]}"))
+    for allocation_id, milliseconds in billed.items():
+        allocation = allocations.get(allocation_id)
+        if allocation is None or allocation.started_at is None or allocation.metered_until is None:
+            continue
+        expected = int((aware(allocation.metered_until) - aware(allocation.started_at)).total_seconds() * 1000)
+        if abs(expected - milliseconds) > 2:  # a millisecond of rounding per entry boundary at most
+            out.append(f"I7: allocation {allocation_id} billed {milliseconds} ms of {expected} ms metered")
+    for job_id, intervals in by_job.items():
+        attempts = [(s, e, a.rsplit(":", 1)[1]) for s, e, a in intervals]
+        out += [f"I8: job {job_id} attempts {a} and {b} billed the same time" for a, b in _overlaps(attempts)]
+    return out
+
+
+def run_checks(url: str) -> list[str]:
+    db = Database(url)
+    with db.session() as session:
+        return check_slots(session) + check_jobs(session) + check_ledger(session)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpupool check", description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", required=True)
+    args = parser.parse_args(argv)
+    violations = run_checks(args.database_url)
+    for line in violations:
+        print(line)
+    print(f"{len(violations)} invariant violations")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Routes for metering: prices, budgets, usage reports and monthly statements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpupool.protocol import api
+from gpupool.server.auth import Principal, principal_from, require
+from gpupool.server.db.models import Budget, Price, Project, QueueRow
+from gpupool.server.services import metering
+
+router = APIRouter(prefix="/api/v1", tags=["usage"])
+Caller = Annotated[Principal, Depends(principal_from)]
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with request.app.state.db.session() as session:
+        yield session
+
+
+Db = Annotated[Session, Depends(_session, scope="function")]
+
+
+@router.put("/prices", response_model=api.PriceSet)
+def set_price(body: api.PriceSet, who: Caller, db: Db) -> api.PriceSet:
+    require(who, "operator")
+    row = db.get(Price, body.model)
+    if row is None:
+        db.add(Price(model=body.model, cents_per_gpu_hour=body.cents_per_gpu_hour))
+    else:
+        row.cents_per_gpu_hour = body.cents_per_gpu_hour
+    return body
+
+
+@router.get("/prices", response_model=list[api.PriceSet])
+def list_prices(who: Caller, db: Db) -> list[api.PriceSet]:
+    require(who, "viewer")
+    return [api.PriceSet(model=p.model, cents_per_gpu_hour=p.cents_per_gpu_hour) for p in db.scalars(select(Price))]
+
+
+def _budget_out(db: Session, budget: Budget) -> api.BudgetOut:
+    hours, cents = metering.budget_use(db, budget, datetime.now(UTC))
+    return api.BudgetOut(id=budget.id, scope=budget.scope, name=budget.name, period=budget.period,
+                         gpu_hours=budget.gpu_hours, cents=budget.cents, hard=budget.hard,
+                         used_gpu_hours=round(hours, 4), used_cents=round(cents, 2),
+                         exceeded=metering.exceeded(budget, hours, cents))
+
+
+@router.post("/budgets", response_model=api.BudgetOut, status_code=201)
+def create_budget(body: api.BudgetCreate, who: Caller, db: Db) -> api.BudgetOut:
+    require(who, "tenant-admin")
+    if (body.gpu_hours is None) == (body.cents is None):
+        raise HTTPException(422, "gpu_hours, cents: set exactly one of them")
+    if body.scope == "project":
+        target = db.scalar(select(Project).where(Project.name == body.name, Project.org_id == who.org_id))
+    else:
+        target = db.scalar(select(QueueRow).where(QueueRow.name == body.name))
+        if target is not None and not who.is_operator and target.org_id != who.org_id:
+            target = None
+    if target is None:
+        raise HTTPException(404, f"{body.scope} {body.name!r} not found")
+    budget = Budget(org_id=who.org_id, scope=body.scope, name=body.name, period=body.period,
+                    gpu_hours=body.gpu_hours, cents=body.cents, hard=body.hard)
+    db.add(budget)
+    try:
+        db.flush()
+    except IntegrityError:
+        raise HTTPException(409, f"{body.scope} {body.name!r} already has a budget") from None
+    return _budget_out(db, budget)
+
+
+@router.get("/budgets", response_model=list[api.BudgetOut])
+def list_budgets(who: Caller, db: Db) -> list[api.BudgetOut]:
+    require(who, "viewer")
+    rows = db.scalars(select(Budget).order_by(Budget.scope, Budget.name))
+    return [_budget_out(db, b) for b in rows if who.is_operator or b.org_id == who.org_id]
+
+
+def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
+    try:
+        to = datetime.fromisoformat(end).replace(tzinfo=UTC) if end else datetime.now(UTC)
+        frm = datetime.fromisoformat(start).replace(tzinfo=UTC) if start else to - timedelta(days=30)
+    except ValueError:
+        raise HTTPException(422, "from, to: use ISO dates like 2026-11-01 or 2026-11-01T12:00") from None
+    if frm >= to:
+        raise HTTPException(422, "from: must be before to")
+    return frm, to
+
+
+@router.get("/usage", response_model=list[api.UsageOut])
+def usage(who: Caller, db: Db, start: Annotated[str | None, Query(alias="from", max_length=32)] = None,
+          end: Annotated[str | None, Query(alias="to", max_length=32)] = None,
+          by: Annotated[str, Query(max_length=70)] = "project") -> list[dict[str, object]]:
+    frm, to = _window(start, end)
+    return metering.usage(db, who, frm, to, by)
+
+
+@router.get("/usage/statement")
+def monthly_statement(who: Caller, db: Db, project: Annotated[str, Query(max_length=64)],
+                      month: Annotated[str, Query(max_length=7)],
+                      format: Annotated[str, Query(pattern="^(csv|html)$")] = "csv") -> Response:
+    body, media = metering.statement(db, who, project, month, format)
+    return Response(body, media_type=media)

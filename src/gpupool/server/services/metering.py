@@ -1,0 +1,181 @@
+"""Metering: allocation intervals -> an append-only, idempotent ledger; usage reports; budgets.
+
+Every `interval`, each allocation that has started is metered from where the ledger left it
+(`metered_until`, else its confirmed start) to the earliest of now, its release, and its node's last
+heartbeat — so a lost node's attempt is never billed past the last sign of life (RELIABILITY.md I8).
+Each entry's `source_key` is (allocation, attempt, interval start): re-running the meter cannot bill
+twice (I7). Amounts are integers: milli-GPU-seconds, and micro-cents at the model's price.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from html import escape
+
+from fastapi import HTTPException
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from gpupool.server.auth import Principal, require
+from gpupool.server.db.models import Allocation, Budget, Gpu, Job, LedgerEntry, Node, Price, Project, User
+
+DEFAULT_CENTS_PER_GPU_HOUR = 100
+GROUPS = ("project", "user", "queue", "model", "job")
+
+
+def aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def cost_micro_cents(gpu_milli_seconds: int, cents_per_gpu_hour: int) -> int:
+    """Exact integer price of milli-GPU-seconds: x cents/GPU-hour / (1000 milli x 3600 s) x 10^6 micro."""
+    return gpu_milli_seconds * cents_per_gpu_hour * 1_000_000 // 3_600_000
+
+
+def meter(session: Session, now: datetime) -> int:
+    """Write ledger entries for every started allocation up to what is billable now; returns entries written."""
+    prices = {p.model: p.cents_per_gpu_hour for p in session.scalars(select(Price))}
+    nodes = {n.id: n for n in session.scalars(select(Node))}
+    models = {(g.node_id, g.index): g.model for g in session.scalars(select(Gpu))}
+    written = 0
+    rows = session.scalars(select(Allocation).where(Allocation.started_at.is_not(None), or_(
+        Allocation.released_at.is_(None), Allocation.metered_until.is_(None),
+        Allocation.metered_until < Allocation.released_at)))
+    for allocation in rows:
+        node = nodes.get(allocation.node_id)
+        end = _billable_end(allocation, node, now)
+        start = aware(allocation.metered_until or allocation.started_at)  # type: ignore[arg-type]
+        if end <= start:
+            continue
+        job = session.get(Job, allocation.job_id)
+        assert job is not None
+        model = models.get((allocation.node_id, allocation.shares[0][0]), "") if allocation.shares else ""
+        milli_seconds = allocation.gpu_milli * int((end - start).total_seconds() * 1000) // 1000
+        session.add(LedgerEntry(
+            source_key=f"{allocation.id}:{allocation.attempt}:{start.isoformat()}", org_id=job.org_id,
+            project_id=job.project_id, user_id=job.user_id, queue=job.queue, job_id=job.id,
+            allocation_id=allocation.id, model=model, tags=job.tags, start=start, end=end,
+            gpu_milli=allocation.gpu_milli, gpu_milli_seconds=milli_seconds,
+            cost_micro_cents=cost_micro_cents(milli_seconds, prices.get(model, DEFAULT_CENTS_PER_GPU_HOUR))))
+        allocation.metered_until = end
+        written += 1
+    return written
+
+
+def _billable_end(allocation: Allocation, node: Node | None, now: datetime) -> datetime:
+    end = now
+    if allocation.released_at is not None:
+        end = min(end, aware(allocation.released_at))
+    elif node is not None and node.last_seen is not None:
+        end = min(end, aware(node.last_seen))
+    return end
+
+
+def usage(session: Session, principal: Principal, start: datetime, end: datetime, by: str) -> list[dict[str, object]]:
+    """GPU-hours and cost per group between `start` and `end` (entries attributed by their start)."""
+    require(principal, "viewer")
+    if by not in GROUPS and not by.startswith("tag:"):
+        raise HTTPException(422, f"by: choose from {', '.join(GROUPS)} or tag:<key>")
+    query = select(LedgerEntry).where(LedgerEntry.start >= start, LedgerEntry.start < end)
+    if not principal.is_operator:
+        query = query.where(LedgerEntry.org_id == principal.org_id)
+    projects = {p.id: p.name for p in session.scalars(select(Project))}
+    users = {u.id: u.name for u in session.scalars(select(User))}
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for entry in session.scalars(query):
+        project = projects.get(entry.project_id, "")
+        if not principal.at_least("tenant-admin") and project not in principal.projects:
+            continue
+        key = _group_key(entry, by, project, users)
+        totals[key][0] += entry.gpu_milli_seconds
+        totals[key][1] += entry.cost_micro_cents
+        totals[key][2] += 1
+    return [{"key": k, "gpu_hours": round(v[0] / 1000 / 3600, 6), "cost": round(v[1] / 1e8, 4), "entries": v[2]}
+            for k, v in sorted(totals.items())]
+
+
+def _group_key(entry: LedgerEntry, by: str, project: str, users: dict[str, str]) -> str:
+    if by.startswith("tag:"):
+        return str(entry.tags.get(by[4:], ""))
+    return {"project": project, "user": users.get(entry.user_id, ""), "queue": entry.queue, "model": entry.model,
+            "job": entry.job_id}[by]
+
+
+def statement(session: Session, principal: Principal, project: str, month: str, fmt: str) -> tuple[str, str]:
+    """A project's monthly statement as CSV or HTML: one line per job and GPU model, with totals."""
+    try:
+        first = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    except ValueError:
+        raise HTTPException(422, "month: use YYYY-MM") from None
+    following = (first + timedelta(days=32)).replace(day=1)
+    rows = [r for r in usage_by_job(session, principal, first, following) if r["project"] == project]
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, ["project", "job", "model", "gpu_hours", "cost"], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        writer.writerow({"project": project, "job": "TOTAL", "model": "", "gpu_hours": round(
+            sum(float(r["gpu_hours"]) for r in rows), 6), "cost": round(sum(float(r["cost"]) for r in rows), 4)})
+        return out.getvalue(), "text/csv"
+    lines = "".join(f"<tr><td>{escape(str(r['job']))}</td><td>{escape(str(r['model']))}</td>"
+                    f"<td>{r['gpu_hours']}</td><td>{r['cost']}</td></tr>" for r in rows)
+    total = round(sum(float(r["cost"]) for r in rows), 4)
+    html = (f"<!doctype html><meta charset=utf-8><title>{escape(project)} {month}</title>"
+            f"<h1>Statement: project {escape(project)}, {month}</h1><table border=1><tr><th>job</th><th>model</th>"
+            f"<th>GPU-hours</th><th>cost</th></tr>{lines}<tr><th colspan=3>total</th><th>{total}</th></tr></table>")
+    return html, "text/html"
+
+
+def usage_by_job(session: Session, principal: Principal, start: datetime, end: datetime) -> list[dict[str, object]]:
+    require(principal, "viewer")
+    query = select(LedgerEntry.project_id, LedgerEntry.job_id, LedgerEntry.model,
+                   func.sum(LedgerEntry.gpu_milli_seconds), func.sum(LedgerEntry.cost_micro_cents)).where(
+        LedgerEntry.start >= start, LedgerEntry.start < end).group_by(
+        LedgerEntry.project_id, LedgerEntry.job_id, LedgerEntry.model)
+    if not principal.is_operator:
+        query = query.where(LedgerEntry.org_id == principal.org_id)
+    projects = {p.id: p.name for p in session.scalars(select(Project))}
+    return [{"project": projects.get(p, ""), "job": j, "model": m, "gpu_hours": round(s / 1000 / 3600, 6),
+             "cost": round(c / 1e8, 4)} for p, j, m, s, c in session.execute(query)
+            if principal.at_least("tenant-admin") or projects.get(p) in principal.projects]
+
+
+def period_start(period: str, now: datetime) -> datetime:
+    if period == "day":
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "week":
+        return (now - timedelta(days=now.weekday())).replace(hour=0, minute=0, second=0, microsecond=0)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def budget_use(session: Session, budget: Budget, now: datetime) -> tuple[float, float]:
+    """(GPU-hours, cents) spent against a budget in its current period."""
+    query = select(func.coalesce(func.sum(LedgerEntry.gpu_milli_seconds), 0),
+                   func.coalesce(func.sum(LedgerEntry.cost_micro_cents), 0)).where(
+        LedgerEntry.start >= period_start(budget.period, now))
+    if budget.scope == "project":
+        query = query.where(LedgerEntry.project_id.in_(select(Project.id).where(Project.name == budget.name)))
+    else:
+        query = query.where(LedgerEntry.queue == budget.name)
+    milli_seconds, micro = session.execute(query).one()
+    return int(milli_seconds) / 1000 / 3600, int(micro) / 1e6
+
+
+def exceeded(budget: Budget, used_hours: float, used_cents: float) -> bool:
+    return (budget.gpu_hours is not None and used_hours >= budget.gpu_hours) or (
+        budget.cents is not None and used_cents >= budget.cents)
+
+
+def exhausted_hard_budgets(session: Session, now: datetime) -> dict[tuple[str, str], str]:
+    """(scope, name) -> why, for every hard budget used up in its current period."""
+    out = {}
+    for budget in session.scalars(select(Budget).where(Budget.hard.is_(True))):
+        hours, cents = budget_use(session, budget, now)
+        if exceeded(budget, hours, cents):
+            limit = f"{budget.gpu_hours} GPU-hours" if budget.gpu_hours is not None else f"{budget.cents} cents"
+            out[(budget.scope, budget.name)] = (f"the {budget.scope} {budget.name!r} used its {budget.period}ly "
+                                                f"budget of {limit} (hard limit): no new jobs until the next period")
+    return out
