@@ -349,3 +349,12 @@ class UsageOut(_Response):
     gpu_hours: float
     cost: float
     entries: int
+
+
+class SampleOut(_Response):
+    at: datetime
+    gpus: float
+    allocated: float
+    used: float
+    gar: float
+    gfr: float

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
-from gpupool.server.db.models import Budget, Price, Project, QueueRow
+from gpupool.server.db.models import Budget, ClusterSample, Price, Project, QueueRow
 from gpupool.server.services import metering
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
@@ -108,3 +108,17 @@ def monthly_statement(who: Caller, db: Db, project: Annotated[str, Query(max_len
                       format: Annotated[str, Query(pattern="^(csv|html)$")] = "csv") -> Response:
     body, media = metering.statement(db, who, project, month, format)
     return Response(body, media_type=media)
+
+
+@router.get("/cluster/samples", response_model=list[api.SampleOut], tags=["cluster"])
+def cluster_samples(who: Caller, db: Db, start: Annotated[str | None, Query(alias="from", max_length=32)] = None,
+                    end: Annotated[str | None, Query(alias="to", max_length=32)] = None) -> list[api.SampleOut]:
+    """Cluster figures over time (sampled by the control plane): GAR = allocated / GPUs, GFR = share of
+    GPU nodes partly allocated, and GPUs actually used (utilisation-weighted)."""
+    require(who, "viewer")
+    frm, to = _window(start, end)
+    rows = db.scalars(select(ClusterSample).where(ClusterSample.at >= frm, ClusterSample.at < to)
+                      .order_by(ClusterSample.at).limit(10_000))
+    return [api.SampleOut(at=r.at, gpus=r.gpus, allocated=r.allocated, used=r.used,
+                          gar=r.allocated / r.gpus if r.gpus else 0.0,
+                          gfr=r.fragmented_nodes / r.gpu_nodes if r.gpu_nodes else 0.0) for r in rows]
