@@ -8,8 +8,10 @@
     workloads/       the runtime's per-workload folders (state, exit code, log)
 
 Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
-agent process adopts them. Exit codes: 0 after a signal, 2 for bad configuration or a refused registration,
-3 when the control plane rejects the saved credential.
+agent process adopts them, provided it reaches the control plane within `fence_s` of the last frame this one heard;
+past that, each workload's watchdog stops it (see runtime/process.py), as the control plane may requeue it elsewhere.
+Exit codes: 0 after a signal, 2 for bad configuration or a refused registration, 3 when the control plane rejects
+the saved credential.
 """
 
 from __future__ import annotations

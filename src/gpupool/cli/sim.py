@@ -14,8 +14,6 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
-from gpupool.sim.bound import lp_bound
-from gpupool.sim.experiment import ReplayOptions, run_fill_sweep, run_replay_sweep
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.traces.errors import TraceError
 from gpupool.sim.traces.openb import read_nodes, read_pods
@@ -83,6 +81,8 @@ def fill(
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """FGD-paper protocol: submit pods one at a time until `demand` x capacity, no departures."""
+    from gpupool.sim.experiment import run_fill_sweep
+
     _existing(nodes, "--nodes")
     for p in pods:
         _existing(p, "--pods")
@@ -104,6 +104,8 @@ def bound(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """LP-relaxation upper bound on GPU allocation at each demand level (scipy HiGHS)."""
+    from gpupool.sim.bound import lp_bound
+
     _existing(nodes, "--nodes")
     levels = [_demand(d.strip()) for d in demand.split(",") if d.strip()]
     try:
@@ -167,6 +169,7 @@ def demo(trace_dir: Path = typer.Option(Path("../shared/traces/alibaba-gpu-v2023
                                         help="folder with the openb CSVs; a synthetic cluster is used if absent"),
          out: Path = typer.Option(Path("demo-out"), help="output folder")) -> None:
     """A one-minute tour: FGD, BestFit and Random on the openb trace (or a synthetic cluster)."""
+    from gpupool.sim.experiment import run_fill_sweep
     from gpupool.sim.synthetic import write_synthetic
 
     nodes, pods = trace_dir / "openb_node_list_gpu_node.csv", trace_dir / "openb_pod_list_default.csv"
@@ -205,6 +208,8 @@ def replay(
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
+    from gpupool.sim.experiment import ReplayOptions, run_replay_sweep
+
     _existing(nodes, "--nodes")
     for p in pods:
         _existing(p, "--pods")
