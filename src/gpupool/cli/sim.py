@@ -205,6 +205,7 @@ def replay(
     profile: str | None = typer.Option(None, help="multi-tenant profiles, comma-separated: "
                                        + ", ".join(SCHEDULING_PROFILES)),
     time_scale: float = typer.Option(1.0, min=1e-6, help="divide arrival times by this (raises the load)"),
+    node_stride: int = typer.Option(1, min=1, help="use every K-th node of the node list (a smaller cluster)"),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -218,7 +219,8 @@ def replay(
     if assign not in ("hash", "column"):
         raise typer.BadParameter("must be hash or column", param_hint="--assign")
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
-                            else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale)
+                            else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
+                            node_stride)
     try:
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
                                    shlex.join(["gpupool", *sys.argv[1:]]), quiet)
@@ -254,6 +256,7 @@ def generate(
     gang_share: float = typer.Option(0.05, help="share of jobs that are gangs of 2-8 tasks"),
     limit_share: float = typer.Option(0.5, help="share of jobs with a runtime limit (1-3x their duration)"),
     seed: int = typer.Option(0, help="random seed"),
+    node_stride: int = typer.Option(1, min=1, help="size the load for every K-th node only"),
 ) -> None:
     """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load."""
     from gpupool.sim.generate import WorkloadSpec
@@ -273,7 +276,7 @@ def generate(
                 raise typer.BadParameter(f"{name!r} is not a leaf queue of {queues}", param_hint="--shares")
             weights[name] = float(value)
         spec = WorkloadSpec(load=load, days=days, gang_share=gang_share, limit_share=limit_share, seed=seed)
-        capacity = sum(len(n.gpus) for n in read_nodes(nodes))
+        capacity = sum(len(n.gpus) for n in read_nodes(nodes)[::node_stride])
         count = write_workload(read_pods(source), capacity, weights, spec, out)
     except (TraceError, ValueError) as exc:
         if isinstance(exc, typer.BadParameter):

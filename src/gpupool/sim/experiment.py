@@ -126,6 +126,7 @@ class ReplayTask:
     queues: str | None = None
     assign: str = "hash"
     time_scale: float = 1.0
+    node_stride: int = 1
 
     @property
     def label(self) -> str:
@@ -166,7 +167,7 @@ def _replay_profile(task: ReplayTask, pods: list[Pod]) -> Profile:
 def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]],
                                            dict[str, object]]:
     """One replay; returns its sample rows, job rows, queue rows and summary."""
-    nodes = list(load_nodes(task.nodes))
+    nodes = list(load_nodes(task.nodes))[:: task.node_stride]
     pods = list(load_pods(task.pods))
     require_times(task.pods, pods)
     tree = load_queues(task.queues) if task.queues else None
@@ -207,6 +208,7 @@ class ReplayOptions:
     queues: str | None = None
     assign: str = "hash"
     time_scale: float = 1.0
+    node_stride: int = 1
 
 
 def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], out: Path, jobs: int,
@@ -217,7 +219,8 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
         load_queues(options.queues)
     out.mkdir(parents=True, exist_ok=True)
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
-                        options.consolidate, profile, options.queues, options.assign, options.time_scale)
+                        options.consolidate, profile, options.queues, options.assign, options.time_scale,
+                        options.node_stride)
              for p in pods for profile in options.profiles for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
     samples = [row for s, _, _, _ in results for row in s]
