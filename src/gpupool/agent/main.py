@@ -200,6 +200,8 @@ async def _agent(
         heartbeat_s=heartbeat_s or identity.heartbeat_s,
         fence_s=identity.fence_s,
         kill_grace_s=identity.kill_grace_s,
+        idle_threshold_pct=float(os.environ.get("GPUPOOL_IDLE_THRESHOLD_PCT", "5")),
+        idle_window_s=float(os.environ.get("GPUPOOL_IDLE_WINDOW_S", "1800")),
         epoch_path=data_dir / EPOCH_FILE,
     )
     try:

@@ -56,6 +56,7 @@ class AgentHub:
         self.last_seen: dict[str, float] = {}
         self.seqs: dict[str, tuple[str, int]] = {}
         self.telemetry: dict[str, list[GpuTelemetry]] = {}
+        self.idle_since: dict[str, float] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started = time.monotonic()
         self.lifecycle: Lifecycle | None = None
@@ -193,7 +194,25 @@ class AgentHub:
             self._append_log(frame)
         else:
             self.telemetry[node_id] = list(getattr(frame, "telemetry", []))
+            self._track_idle(node_id, set(getattr(frame, "idle_gpus", [])))
             self._mark_seen(node_id)
+
+    def _track_idle(self, node_id: str, idle_uuids: set[str]) -> None:
+        """Remember since when every GPU of each allocation on the node has been reported idle."""
+        entry = next((e for e in self.cache.nodes.values() if e.node_id == node_id), None)
+        if entry is None:
+            return
+        with self.cache.lock:
+            held = [h for h in self.cache.held.values() if h.task.node == entry.spec.name and h.task.shares]
+        for h in held:
+            uuids = {entry.spec.gpus[s.index].uuid for s in h.task.shares}
+            if uuids <= idle_uuids:
+                if h.allocation_id not in self.idle_since:
+                    self.idle_since[h.allocation_id] = time.monotonic()
+                    assert self.lifecycle is not None
+                    self.lifecycle.note_idle(h.allocation_id)
+            else:
+                self.idle_since.pop(h.allocation_id, None)
 
     def _mark_seen(self, node_id: str) -> None:
         with self.db.session() as session:
@@ -251,11 +270,21 @@ class AgentHub:
                 await asyncio.to_thread(self.check_liveness, time.monotonic())
                 assert self.lifecycle is not None
                 await asyncio.to_thread(self.lifecycle.enforce_limits, time.time())
+                await asyncio.to_thread(self._reclaim_idle, time.monotonic())
                 if time.monotonic() - last_metered >= self.settings.metering_interval_s:
                     await asyncio.to_thread(self.meter_and_sample)
                     last_metered = time.monotonic()
             except Exception:  # a bug: keep monitoring, and say so
                 log.exception("monitor pass failed")
+
+    def _reclaim_idle(self, now: float) -> None:
+        """Reclaim allocations idle for longer than their queue's `idle_reclaim_s` (queues without one: notify only)."""
+        assert self.lifecycle is not None
+        for allocation_id, since in list(self.idle_since.items()):
+            if allocation_id not in self.cache.held:
+                del self.idle_since[allocation_id]
+            elif self.lifecycle.reclaim_if_idle(allocation_id, now - since):
+                del self.idle_since[allocation_id]
 
     def meter_and_sample(self) -> None:
         now = datetime.now(UTC)

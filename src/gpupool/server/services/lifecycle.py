@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol.agent import Stop, TaskStatus
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, Job, JobEvent, utcnow
+from gpupool.server.db.models import Allocation, Job, JobEvent, QueueRow, utcnow
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES
 from gpupool.server.scheduler.binder import OrderSink, released_now
 from gpupool.server.scheduler.cache import ClusterCache
@@ -98,6 +98,33 @@ class Lifecycle:
         session.add(JobEvent(job_id=job.id, kind="cancelled", message="cancelled by request"))
         self._stop_all(session, job, "cancelled")
         self.wake()
+
+    def note_idle(self, allocation_id: str) -> None:
+        """The first report that an allocation's GPUs sit idle: tell the job's owner (an event)."""
+        with self.db.session() as session:
+            allocation = session.get(Allocation, allocation_id)
+            if allocation is not None:
+                session.add(JobEvent(job_id=allocation.job_id, kind="idle",
+                                     message=f"task {allocation.task_index}: its GPUs report no use"))
+
+    def reclaim_if_idle(self, allocation_id: str, idle_s: float) -> bool:
+        """Stop the job whose allocation has been idle past its queue's idle_reclaim_s; True if reclaimed."""
+        with self.db.session() as session:
+            allocation = session.get(Allocation, allocation_id)
+            job = session.get(Job, allocation.job_id) if allocation is not None else None
+            queue = session.scalar(select(QueueRow).where(QueueRow.name == job.queue)) if job is not None else None
+            if job is None or queue is None or queue.idle_reclaim_s is None or idle_s < queue.idle_reclaim_s:
+                return False
+            if job.state in TERMINAL:
+                return True
+            job.state, job.finished_at = "cancelled", utcnow()
+            job.reason = {"kind": "idle_reclaimed", "message": f"GPUs idle for {idle_s:.0f} s", "details": []}
+            session.add(JobEvent(job_id=job.id, kind="reclaimed",
+                                 message=f"GPUs idle for {idle_s:.0f} s (queue {queue.name} reclaims after "
+                                         f"{queue.idle_reclaim_s:.0f} s)"))
+            self._stop_all(session, job, "idle")
+        self.wake()
+        return True
 
     def node_lost(self, node_id: str, last_seen: float | None) -> int:
         """Release every open allocation of a lost node and requeue its jobs; returns jobs requeued.
