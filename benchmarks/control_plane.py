@@ -101,7 +101,8 @@ def run() -> dict[str, dict[str, float]]:
             print("postgres: not installed, skipped")
             continue
         r = results[backend] = measure(backend)
-        print(f"{backend:>8}: {r['submits_per_s']:6.1f} submits/s ({CLIENTS} clients, {SECONDS:.0f} s, {r['jobs']} jobs); "
+        print(f"{backend:>8}: {r['submits_per_s']:6.1f} submits/s ({CLIENTS} clients, {SECONDS:.0f} s, "
+              f"{r['jobs']} jobs); "
               f"submit -> placed p50 {1000 * r['p50_s']:.0f} ms, p99 {1000 * r['p99_s']:.0f} ms "
               f"({r['placed']} placed on {NODES} nodes x {GPUS} GPUs)")
     print("command: make bench BENCH_ARGS='--suite control-plane'")

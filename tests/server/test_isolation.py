@@ -1,28 +1,36 @@
 """Tenant isolation (S1, BOLA) and the role matrix (S2, BFLA) of RELIABILITY.md §3.2 over every route of the
 live OpenAPI spec, on SQLite and on PostgreSQL.
 
-The operator sets up two tenants through the API, acme (A) and globex (B): a project, a queue that holds jobs
+The operator sets up two tenants through the API, acme (A) and globex (B): projects, a queue that holds jobs
 above one GPU for a project admin's approval, a user of every tenant role with a token made by POST /tokens,
-a job placed on a shared node (so it holds a GPU) and a job waiting for approval.
+a budget, a job waiting for approval and a job placed on a shared node, which a stand-in agent starts (so the
+job holds a GPU, has a log line and metered usage).
 
 S1: a tenant admin and a member of B try every route against A's objects. Nothing succeeds on them; no answer
-carries one of A's ids or an object of A's organisation; A's state (as A's admin reads it) does not change;
-and every answer equals the answer for a ghost tenant whose objects do not exist, so A's ids and names
-cannot be enumerated. S2: every role against every route on its own tenant, against the table below.
-`test_every_route_has_an_isolation_case_and_a_role_row` fails on a route of the spec missing from either.
+carries one of A's ids or log lines, or an object of A's organisation; A's state (as A's admin reads it) does
+not change; and every answer equals the answer for a ghost tenant whose objects do not exist, so A's ids and
+names cannot be enumerated (one known exception is marked `oracle` and xfails). S2: every role (viewer, member,
+project admin, tenant admin, operator, agent, anonymous) against every route on its own tenant, against the
+table ROWS. `test_every_route_has_an_isolation_case_and_a_role_row` fails on a route of the spec missing from
+either table, so a new route cannot slip in untested.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from gpupool.devtools.harness import Postgres, Server, free_port, start_server, stop_server
 
@@ -30,8 +38,9 @@ API = "/api/v1"
 NOT_API = ("/healthz", "/readyz", "/version", "/metrics", "/openapi.json", "/docs", "/redoc")
 METHODS = {"get", "put", "post", "delete", "patch"}
 TENANT_ROLES = ("viewer", "member", "project-admin", "tenant-admin")
-# Registered nodes never open their channel here: keep them from being declared lost during the module.
-QUIET_NODES = {"GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600"}
+# The node's agent speaks once and goes quiet: keep it from being declared lost; meter every second.
+SERVER_ENV = {"GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600", "GPUPOOL_METERING_INTERVAL_S": "1"}
+MONTH = datetime.now(UTC).strftime("%Y-%m")
 
 
 def spec_routes(server: Server) -> set[str]:
@@ -72,11 +81,12 @@ class Tenant:
     users: dict[str, str] = field(default_factory=dict)  # role (or "victim") -> user name
     tokens: dict[str, str] = field(default_factory=dict)  # role -> API token
     token_ids: dict[str, str] = field(default_factory=dict)  # role -> token id
-    job: str = ""  # placed on the node, holding one of its GPUs
+    job: str = ""  # placed on the node and running there (its log and usage exist), holding one of its GPUs
     held: str = ""  # waiting for a project admin's approval
     idem: str = ""  # the Idempotency-Key `job` was submitted with
     cursor: str = ""  # a page cursor of this tenant's job list
     ids: set[str] = field(default_factory=set)  # every opaque id and token prefix of the tenant
+    logs: set[str] = field(default_factory=set)  # the lines its running job logged
 
     def __post_init__(self) -> None:
         self.project, self.annex = self.project or f"{self.org}-lab", self.annex or f"{self.org}-annex"
@@ -106,6 +116,7 @@ class World:
     spare: str  # no GPUs: operators cordon and uncordon it
     agent: str  # the node credential of `node`
     clients: dict[str | None, httpx.Client] = field(default_factory=dict)
+    a_state: dict[str, Any] = field(default_factory=dict)  # A's state after the last S1 case (see _snapshot)
 
     def as_(self, token: str | None) -> httpx.Client:
         """A client with `token` (None: no Authorization header at all), kept for the module."""
@@ -135,6 +146,11 @@ class World:
     def join_token(self) -> str:
         return _ok(self.operator.post("/join-tokens", json={}), 201)["token"]
 
+    def fresh_queue(self) -> str:
+        name = unique("q")
+        _ok(self.operator.post("/queues", json={"name": name, "org": self.a.org}), 201)
+        return name
+
 
 def _tenant(op: httpx.Client, org: str) -> Tenant:
     t = Tenant(org)
@@ -159,7 +175,8 @@ def _jobs(admin: httpx.Client, t: Tenant) -> None:
     body = {"command": ["true"], "gpus": "8", "queue": t.queue, "tags": {"team": t.org}}
     t.held = _ok(admin.post("/jobs", json=body), 201)["id"]
     t.cursor = _ok(admin.get("/jobs", params={"limit": 1}))["next_cursor"]
-    t.ids |= {t.job, t.held}
+    budget = {"scope": "project", "name": t.project, "gpu_hours": 1000}
+    t.ids |= {t.job, t.held, _ok(admin.post("/budgets", json=budget), 201)["id"]}
 
 
 def _register(op: httpx.Client, name: str, gpus: int) -> str:
@@ -175,12 +192,49 @@ def _build(server: Server) -> World:
     _register(w.operator, w.spare, gpus=0)
     for t in (w.a, w.b):
         _jobs(w.as_(t.tokens["tenant-admin"]), t)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # both placed on the node: /top and the allocations have something to hide
-        if all(_ok(w.operator.get(f"/jobs/{t.job}"))["state"] == "scheduled" for t in (w.a, w.b)):
-            return w
+    _until(lambda: all(_ok(w.operator.get(f"/jobs/{t.job}"))["state"] == "scheduled" for t in (w.a, w.b)))
+    _run_placed_jobs(w)
+
+    def metered() -> set[str]:
+        return {row["key"] for row in _ok(w.operator.get("/usage", params={"by": "job"}))}
+
+    _until(lambda: {w.a.job, w.b.job} <= metered())  # /usage and statements have something to hide
+    return w
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the world did not come about"
         time.sleep(0.05)
-    raise AssertionError("the placed jobs were not scheduled")
+
+
+def _run_placed_jobs(w: World) -> None:
+    """Be the node's agent for a moment: start both placed jobs, log a secret line each, heartbeat once."""
+    seq = itertools.count(1)
+
+    def frame(kind: str, **fields: Any) -> str:
+        return json.dumps({"type": kind, "boot_id": "boot", "seq": next(seq), **fields})
+
+    with connect(f"ws{w.server.url[4:]}{API}/agent/channel", proxy=None,
+                 additional_headers={"Authorization": f"Bearer {w.agent}"}) as ws:
+        ws.send(frame("hello", running=[]))
+        launches: dict[str, dict[str, Any]] = {}
+        while not {w.a.job, w.b.job} <= set(launches):
+            order = json.loads(ws.recv(timeout=30))
+            launches |= {order["job_id"]: order} if order["type"] == "launch" else {}
+        for t in (w.a, w.b):
+            order, line = launches[t.job], unique(f"{t.org}-log-line")
+            grant = {"allocation_id": order["allocation_id"], "attempt": order["attempt"]}
+            ws.send(frame("task_status", state="started", **grant))
+            ws.send(frame("log", offset=0, data=line + "\n", **grant))
+            t.ids.add(order["allocation_id"])
+            t.logs.add(line)
+        time.sleep(0.2)  # billing ends at the node's last heartbeat: make it later than the starts
+        last = next(seq)
+        ws.send(json.dumps({"type": "heartbeat", "boot_id": "boot", "seq": last}))
+        while json.loads(ws.recv(timeout=30)) != {"type": "ack", "seq": last}:
+            pass
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -191,7 +245,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         pg: Postgres = request.getfixturevalue("postgres")
         url = pg.create_database(f"iso{free_port()}")
     root: Path = tmp_path_factory.mktemp(f"isolation-{request.param}")
-    server = start_server(root / "data", url, env=QUIET_NODES)
+    server = start_server(root / "data", url, env=SERVER_ENV)
     try:
         w = _build(server)
         yield w
@@ -291,20 +345,41 @@ CASES = [
     Case("GET /api/v1/top", "who uses what", lambda c, t, w: c.get("/top"), 200, 200),
     Case("POST /api/v1/agent/register", "take over A's node with a user token, no join token",
          lambda c, t, w: c.post("/agent/register", json=registration(f"{t.org}-join.secret", w.node, 8)), 401, 401),
+    Case("GET /api/v1/prices", "list", lambda c, t, w: c.get("/prices"), 200, 200),
+    Case("PUT /api/v1/prices", "price A's GPUs",
+         lambda c, t, w: c.put("/prices", json={"model": "A100", "cents_per_gpu_hour": 0}), 403, 403),
+    Case("GET /api/v1/budgets", "list", lambda c, t, w: c.get("/budgets"), 200, 200),
+    Case("POST /api/v1/budgets", "on A's project",
+         lambda c, t, w: c.post("/budgets", json={"scope": "project", "name": t.project, "gpu_hours": 1}), 404, 403),
+    Case("POST /api/v1/budgets", "on A's queue (a hard one would stop A's jobs)", lambda c, t, w: c.post(
+        "/budgets", json={"scope": "queue", "name": t.queue, "cents": 1, "hard": True}), 404, 403),
+    Case("GET /api/v1/usage", "by job", lambda c, t, w: c.get("/usage", params={"by": "job"}), 200, 200),
+    Case("GET /api/v1/usage", "by project", lambda c, t, w: c.get("/usage", params={"by": "project"}), 200, 200),
+    Case("GET /api/v1/usage", "by user", lambda c, t, w: c.get("/usage", params={"by": "user"}), 200, 200),
+    Case("GET /api/v1/usage", "by A's tag", lambda c, t, w: c.get("/usage", params={"by": "tag:team"}), 200, 200),
+    Case("GET /api/v1/usage/statement", "A's project, this month",
+         lambda c, t, w: c.get("/usage/statement", params={"project": t.project, "month": MONTH}), 200, 200),
+    Case("GET /api/v1/usage/statement", "A's project as HTML", lambda c, t, w: c.get(
+        "/usage/statement", params={"project": t.project, "month": MONTH, "format": "html"}), 200, 200),
+    Case("GET /api/v1/cluster/samples", "cluster figures", lambda c, t, w: c.get("/cluster/samples"), 200, 200),
 ]
 CALLERS = ("tenant-admin", "member")
 
 
 def _snapshot(w: World) -> dict[str, Any]:
-    """A's state as A's tenant admin reads it (what a cross-tenant write would change)."""
+    """A's state as A's tenant admin reads it: what a cross-tenant write would change (a revoked token too)."""
     c = w.as_(w.a.tokens["tenant-admin"])
-    keep = ("id", "name", "project", "user", "queue", "state", "attempt", "priority", "tags", "finished_at")
-    return {
-        "orgs": _ok(c.get("/orgs")), "projects": _ok(c.get("/projects")), "users": _ok(c.get("/users")),
-        "tokens": _ok(c.get("/tokens")), "queues": _ok(c.get("/queues")),
-        "jobs": [{k: j[k] for k in keep} for j in _ok(c.get("/jobs", params={"limit": 500}))["items"]],
-        "events": {j: [e["kind"] for e in _ok(c.get(f"/jobs/{j}/events"))] for j in (w.a.job, w.a.held)},
-    }
+    paths = ["/orgs", "/projects", "/users", "/tokens", "/queues", "/jobs?limit=500", "/budgets"]
+    state: dict[str, Any] = {path: _read(c.get(path)) for path in paths}
+    status, page = state["/jobs?limit=500"]
+    for job in page["items"] if status == 200 else []:
+        job.pop("reason", None)  # the scheduler's, not B's
+    state |= {j: _read(c.get(f"/jobs/{j}/events")) for j in (w.a.job, w.a.held)}
+    return state
+
+
+def _read(response: httpx.Response) -> tuple[int, Any]:
+    return response.status_code, response.json() if response.is_success else response.text
 
 
 def _objects(value: Any) -> Iterator[dict[str, Any]]:
@@ -317,9 +392,9 @@ def _objects(value: Any) -> Iterator[dict[str, Any]]:
 
 
 def _leaks(response: httpx.Response, t: Tenant) -> list[str]:
-    """A's ids in an answer that the request did not carry, and objects of A's organisation."""
+    """A's ids or log lines in an answer that the request did not carry, and objects of A's organisation."""
     sent = str(response.request.url) + response.request.content.decode(errors="replace")
-    found = [f"id {i}" for i in sorted(t.ids) if i in response.text and i not in sent]
+    found = [f"id {i}" for i in sorted(t.ids | t.logs) if i in response.text and i not in sent]
     if response.is_success and response.headers.get("content-type", "").startswith("application/json"):
         found += [f"object {o}" for o in _objects(response.json()) if o.get("org") == t.org]
     return found
@@ -337,13 +412,14 @@ def _answer(response: httpx.Response, t: Tenant) -> tuple[int, str]:
     pytest.param(case, caller, id=f"{case.route} {case.what} as {caller}") for case in CASES for caller in CALLERS])
 def test_tenant_b_cannot_reach_tenant_a(world: World, case: Case, caller: str) -> None:
     client = world.as_(world.b.tokens[caller])
-    before = _snapshot(world)
+    before = world.a_state or _snapshot(world)
     real = case.attempt(client, world.a, world)
     ghost_tenant = Tenant.ghost()
     ghost = case.attempt(client, ghost_tenant, world)
+    world.a_state = after = _snapshot(world)  # the next case starts from here, so only the culprit fails
     assert real.status_code == (case.admin if caller == "tenant-admin" else case.member), _show(real)
     assert not _leaks(real, world.a), f"A's objects in B's answer: {_leaks(real, world.a)}\n{real.text[:2000]}"
-    assert _snapshot(world) == before, "B's request changed A's state"
+    assert after == before, "B's request changed A's state"
     if case.oracle and caller == "tenant-admin":
         assert _answer(real, world.a) != _answer(ghost, ghost_tenant), "fixed: drop `oracle` from this case"
         pytest.xfail(case.oracle)
@@ -438,11 +514,22 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
     Row("GET /api/v1/top", "", lambda c, r, w: c.get("/top"), (*USERS, 403, 401)),
     Row("POST /api/v1/agent/register", "with a fresh join token (it, not the bearer, authenticates)",
         lambda c, r, w: c.post("/agent/register", json=registration(w.join_token(), unique("node"))), (200,) * 7),
+    Row("GET /api/v1/prices", "", lambda c, r, w: c.get("/prices"), (*USERS, 403, 401)),
+    Row("PUT /api/v1/prices", "", lambda c, r, w: c.put("/prices", json={"model": "H100", "cents_per_gpu_hour": 250}),
+        (403, 403, 403, 403, 200, 403, 401)),
+    Row("GET /api/v1/budgets", "", lambda c, r, w: c.get("/budgets"), (*USERS, 403, 401)),
+    Row("POST /api/v1/budgets", "on a fresh queue of A's", lambda c, r, w: c.post("/budgets", json={
+        "scope": "queue", "name": w.fresh_queue(), "gpu_hours": 5}), (403, 403, 403, 201, 201, 403, 401)),
+    Row("GET /api/v1/usage", "", lambda c, r, w: c.get("/usage"), (*USERS, 403, 401)),
+    Row("GET /api/v1/usage/statement", "", lambda c, r, w: c.get("/usage/statement", params={
+        "project": "acme-lab", "month": MONTH}), (*USERS, 403, 401)),
+    Row("GET /api/v1/cluster/samples", "", lambda c, r, w: c.get("/cluster/samples"), (*USERS, 403, 401)),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[f"{r.route} {r.what}".strip() for r in ROWS])
 def test_role_matrix(world: World, row: Row) -> None:
+    world.a_state.clear()  # A's own users change A: S1's saved state of A is stale from here
     answers = {column: row.call(world.caller(column), column, world) for column in COLUMNS}
     wrong = [f"{column}: expected {expected}, got {_show(answers[column])}"
              for column, expected in zip(COLUMNS, row.expect, strict=True) if answers[column].status_code != expected]
@@ -462,3 +549,53 @@ def test_a_tenant_admin_cannot_mint_or_revoke_an_operators_token(world: World) -
     member = unique("default-member")
     _ok(op.post("/users", json={"name": member}), 201)
     assert admin.post("/tokens", json={"user": member}).status_code == 201  # a lower role still works
+
+
+def test_only_a_node_credential_opens_the_agent_channel(world: World) -> None:
+    """The one WebSocket of the API: a user's token (B's tenant admin, or the operator's) is refused."""
+    url = f"ws{world.server.url[4:]}{API}/agent/channel"
+    for token in (world.b.tokens["tenant-admin"], world.server.token, "gp_0000000000_forged"):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, proxy=None, additional_headers={"Authorization": f"Bearer {token}"}).close()
+        assert refused.value.response.status_code == 403
+
+
+def test_the_same_names_in_two_tenants_do_not_collide(world: World) -> None:
+    """Project and user names are per tenant, so whatever hangs off them must be too (budgets)."""
+    name = unique("twin")
+    world.a_state.clear()
+    for t in (world.a, world.b):
+        _ok(world.operator.post("/projects", json={"name": name, "org": t.org}), 201)
+        _ok(world.operator.post("/users", json={"name": name, "org": t.org, "projects": [name]}), 201)
+        admin = world.as_(t.tokens["tenant-admin"])
+        _ok(admin.post("/budgets", json={"scope": "project", "name": name, "gpu_hours": 1}), 201)
+        assert [b["name"] for b in _ok(admin.get("/budgets")) if b["name"] == name] == [name]
+
+
+def test_a_project_budget_counts_and_holds_only_its_own_tenants_project(tmp_path: Path) -> None:
+    """Two tenants each with a project "twin": globex's spending must neither show in nor exhaust acme's budget,
+    and an exhausted budget of acme's must hold acme's "twin" only (the scheduler keys holds by project id)."""
+    from gpupool.server.db.engine import Database, migrate
+    from gpupool.server.db.models import Budget, LedgerEntry, Org, Project
+    from gpupool.server.services.metering import budget_use, exhausted_hard_budgets
+
+    db = Database(f"sqlite:///{tmp_path / 'budgets.db'}")
+    migrate(db.url)
+    now = datetime.now(UTC)
+    with db.session() as session:
+        orgs = [Org(name="acme"), Org(name="globex")]
+        session.add_all(orgs)
+        session.flush()
+        twins = [Project(org_id=org.id, name="twin") for org in orgs]
+        session.add_all(twins)
+        session.flush()
+        session.add(LedgerEntry(source_key="globex-1", org_id=orgs[1].id, project_id=twins[1].id, user_id="u",
+                                queue="q", job_id="j", allocation_id="a", model="A100", start=now, end=now,
+                                gpu_milli=1000, gpu_milli_seconds=3_600_000, cost_micro_cents=10**8))
+        budgets = [Budget(org_id=org.id, scope="project", name="twin", period="month", gpu_hours=0.5, hard=True)
+                   for org in orgs]  # the same name in two tenants is two budgets
+        session.add_all(budgets)
+        session.flush()
+        assert budget_use(session, budgets[0], now) == (0, 0)
+        assert budget_use(session, budgets[1], now) == (1, 100)
+        assert list(exhausted_hard_budgets(session, now)) == [("project", twins[1].id)]

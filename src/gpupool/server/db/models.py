@@ -243,7 +243,7 @@ class Budget(Base):
     """A GPU-hour or money budget per project or queue and period; a hard one stops admitting new jobs."""
 
     __tablename__ = "budgets"
-    __table_args__ = (UniqueConstraint("scope", "name"),)
+    __table_args__ = (UniqueConstraint("org_id", "scope", "name"),)  # project names are per organisation
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     org_id: Mapped[str | None] = mapped_column(ForeignKey("orgs.id"))
     scope: Mapped[str] = mapped_column(String(16))

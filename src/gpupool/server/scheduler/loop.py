@@ -14,14 +14,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.core import Framework, Workload, default_registry, run_cycle, scheduling_profile
 from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.model import TaskShape
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Job, Project
+from gpupool.server.db.models import Job
 from gpupool.server.db.repositories import job_spec, pending_jobs, queue_tree
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache
@@ -109,11 +108,9 @@ class SchedulerLoop:
             self._budgets_at = now
         if not self._budgets:
             return {}
-        projects = {p.id: p.name for p in session.scalars(select(Project))}
         held = {}
         for row in rows:
-            why = self._budgets.get(("project", projects.get(row.project_id, ""))) or self._budgets.get(
-                ("queue", row.queue))
+            why = self._budgets.get(("project", row.project_id)) or self._budgets.get(("queue", row.queue))
             if why:
                 held[row.id] = PendingReason(PendingKind.BUDGET_EXHAUSTED, why)
         return held

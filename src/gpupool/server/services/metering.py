@@ -14,9 +14,10 @@ import io
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from html import escape
+from typing import Any
 
 from fastapi import HTTPException
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpupool.server.auth import Principal, require
@@ -157,7 +158,7 @@ def budget_use(session: Session, budget: Budget, now: datetime) -> tuple[float, 
                    func.coalesce(func.sum(LedgerEntry.cost_micro_cents), 0)).where(
         LedgerEntry.start >= period_start(budget.period, now))
     if budget.scope == "project":
-        query = query.where(LedgerEntry.project_id.in_(select(Project.id).where(Project.name == budget.name)))
+        query = query.where(LedgerEntry.project_id.in_(_budget_project(budget)))
     else:
         query = query.where(LedgerEntry.queue == budget.name)
     milli_seconds, micro = session.execute(query).one()
@@ -169,13 +170,19 @@ def exceeded(budget: Budget, used_hours: float, used_cents: float) -> bool:
         budget.cents is not None and used_cents >= budget.cents)
 
 
+def _budget_project(budget: Budget) -> Select[Any]:
+    """The project a project budget is for: project names are only unique within an organisation."""
+    return select(Project.id).where(Project.org_id == budget.org_id, Project.name == budget.name)
+
+
 def exhausted_hard_budgets(session: Session, now: datetime) -> dict[tuple[str, str], str]:
-    """(scope, name) -> why, for every hard budget used up in its current period."""
+    """("queue", queue name) or ("project", project id) -> why, for every hard budget used up in its period."""
     out = {}
     for budget in session.scalars(select(Budget).where(Budget.hard.is_(True))):
         hours, cents = budget_use(session, budget, now)
         if exceeded(budget, hours, cents):
             limit = f"{budget.gpu_hours} GPU-hours" if budget.gpu_hours is not None else f"{budget.cents} cents"
-            out[(budget.scope, budget.name)] = (f"the {budget.scope} {budget.name!r} used its {budget.period}ly "
-                                                f"budget of {limit} (hard limit): no new jobs until the next period")
+            target = budget.name if budget.scope == "queue" else session.scalar(_budget_project(budget)) or ""
+            out[(budget.scope, target)] = (f"the {budget.scope} {budget.name!r} used its {budget.period}ly "
+                                           f"budget of {limit} (hard limit): no new jobs until the next period")
     return out

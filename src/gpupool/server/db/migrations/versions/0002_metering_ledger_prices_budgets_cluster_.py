@@ -44,7 +44,7 @@ def upgrade() -> None:
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['org_id'], ['orgs.id'], ),
     sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('scope', 'name')
+    sa.UniqueConstraint('org_id', 'scope', 'name')
     )
     op.create_table('ledger',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
