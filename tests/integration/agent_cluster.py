@@ -23,6 +23,7 @@ import httpx
 from gpupool.agent.runtime.process import load_handle
 from gpupool.agent.runtime.procfs import host_boot_id, read_stat
 from gpupool.devtools.harness import Server, start_server, stop_server
+from gpupool.server.check import run_checks
 
 # RELIABILITY.md §2.2 scaled by 1/20 (lost grace G 3 s, self-fence F 2 s): F + grace < G as the server checks.
 SCALED = {
@@ -32,6 +33,7 @@ SCALED = {
     "GPUPOOL_FENCE_S": "2",
     "GPUPOOL_KILL_GRACE_S": "0.5",
     "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
+    "GPUPOOL_METERING_INTERVAL_S": "0.5",
 }
 AGENT = [sys.executable, "-m", "gpupool.cli.main", "agent"]
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
@@ -175,6 +177,8 @@ class Cluster:
             self._client.close()
         if self.server is not None:
             stop_server(self.server)
+            # RELIABILITY.md §2.1: every run ends with the invariant checker (double allocation, ledger, ...)
+            self.violations = run_checks(f"sqlite:///{self.server.data_dir / 'gpupool.db'}")
 
     # API ---------------------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     yield make
     for cluster in reversed(made):
         cluster.__exit__(None, None, None)
+    violations = [v for cluster in made for v in getattr(cluster, "violations", [])]
+    assert not violations, "invariants broken:\n" + "\n".join(violations)
 
 
 @pytest.fixture

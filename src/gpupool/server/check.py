@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Allocation, AllocationSlot, Job, LedgerEntry
-from gpupool.server.services.metering import aware
+from gpupool.server.services.metering import aware, milliseconds
 
 OPEN_END = datetime.max.replace(tzinfo=UTC)
 
@@ -72,20 +72,20 @@ def check_ledger(session: Session) -> list[str]:
     by_job: dict[str, list[tuple[datetime, datetime, str]]] = defaultdict(list)
     for entry in session.scalars(select(LedgerEntry)):
         start, end = aware(entry.start), aware(entry.end)
-        if entry.gpu_milli_seconds != entry.gpu_milli * int((end - start).total_seconds() * 1000) // 1000:
+        if entry.gpu_milli_seconds != entry.gpu_milli * milliseconds(start, end) // 1000:
             out.append(f"I7: ledger {entry.source_key} amount does not follow from its interval")
         allocation = allocations.get(entry.allocation_id)
         if allocation is not None and allocation.released_at is not None and end > aware(allocation.released_at):
             out.append(f"I7: ledger {entry.source_key} bills after its allocation was released")
-        billed[entry.allocation_id] += int((end - start).total_seconds() * 1000)
+        billed[entry.allocation_id] += milliseconds(start, end)
         by_job[entry.job_id].append((start, end, f"{entry.allocation_id}:{entry.source_key.split(':')[1]}"))
-    for allocation_id, milliseconds in billed.items():
+    for allocation_id, billed_ms in billed.items():
         allocation = allocations.get(allocation_id)
         if allocation is None or allocation.started_at is None or allocation.metered_until is None:
             continue
-        expected = int((aware(allocation.metered_until) - aware(allocation.started_at)).total_seconds() * 1000)
-        if abs(expected - milliseconds) > 2:  # a millisecond of rounding per entry boundary at most
-            out.append(f"I7: allocation {allocation_id} billed {milliseconds} ms of {expected} ms metered")
+        expected = milliseconds(aware(allocation.started_at), aware(allocation.metered_until))
+        if expected != billed_ms:
+            out.append(f"I7: allocation {allocation_id} billed {billed_ms} ms of {expected} ms metered")
     for job_id, intervals in by_job.items():
         attempts = [(s, e, a.rsplit(":", 1)[1]) for s, e, a in intervals]
         out += [f"I8: job {job_id} attempts {a} and {b} billed the same time" for a, b in _overlaps(attempts)]

@@ -28,7 +28,13 @@ GROUPS = ("project", "user", "queue", "model", "job")
 
 
 def aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    """The moment in UTC, cut to whole milliseconds: ledger intervals are exact integer milliseconds."""
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def milliseconds(start: datetime, end: datetime) -> int:
+    return (end - start) // timedelta(milliseconds=1)
 
 
 def cost_micro_cents(gpu_milli_seconds: int, cents_per_gpu_hour: int) -> int:
@@ -47,14 +53,14 @@ def meter(session: Session, now: datetime) -> int:
         Allocation.metered_until < Allocation.released_at)))
     for allocation in rows:
         node = nodes.get(allocation.node_id)
-        end = _billable_end(allocation, node, now)
+        end = aware(_billable_end(allocation, node, now))
         start = aware(allocation.metered_until or allocation.started_at)  # type: ignore[arg-type]
         if end <= start:
             continue
         job = session.get(Job, allocation.job_id)
         assert job is not None
         model = models.get((allocation.node_id, allocation.shares[0][0]), "") if allocation.shares else ""
-        milli_seconds = allocation.gpu_milli * int((end - start).total_seconds() * 1000) // 1000
+        milli_seconds = allocation.gpu_milli * milliseconds(start, end) // 1000
         session.add(LedgerEntry(
             source_key=f"{allocation.id}:{allocation.attempt}:{start.isoformat()}", org_id=job.org_id,
             project_id=job.project_id, user_id=job.user_id, queue=job.queue, job_id=job.id,
