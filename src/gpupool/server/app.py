@@ -3,7 +3,8 @@
 Start-up, in order: 1. migrate the database; 2. on a fresh database create the default organisation,
 project, queue and operator, and write the operator's token to DATA_DIR/admin.token (0600); 3. load
 nodes and open allocations into the scheduler's cache; 4. start the scheduler loop and the liveness
-monitor. Shutdown stops both; running workloads are untouched.
+monitor. Shutdown stops both; running workloads are untouched. The web dashboard (static files in
+gpupool/dashboard, which use only the public API) is served at `/`, behind every API and system route.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
@@ -24,6 +26,9 @@ from prometheus_client import generate_latest
 from sqlalchemy import select
 from sqlalchemy.exc import DataError
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.routing import Match, Mount
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 import gpupool
 from gpupool.core import DeviceShare
@@ -42,6 +47,8 @@ from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.tenancy import bootstrap
 from gpupool.server.settings import Settings
 
+DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
+
 
 class BodyLimit(BaseHTTPMiddleware):
     def __init__(self, app: object, limit: int) -> None:
@@ -53,6 +60,17 @@ class BodyLimit(BaseHTTPMiddleware):
         if length is not None and length.isdigit() and int(length) > self.limit:
             return JSONResponse({"detail": f"body larger than {self.limit} bytes"}, status_code=413)
         return await call_next(request)
+
+
+class DashboardMount(Mount):
+    """The web dashboard's static files at `/`, behind every other route. It never takes /api/* or a WebSocket, so
+    an unknown API path or a wrong method keeps the API's own 404 / 405 answer."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path == "/api" or path.startswith("/api/"):
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
 def _write_admin_token(settings: Settings, token: str) -> None:
@@ -120,6 +138,8 @@ def create_app(settings: Settings) -> FastAPI:
     _error_handlers(app)
     _system_routes(app, metrics)
     _agent_routes(app, hub)
+    if DASHBOARD.is_dir():  # last: only what no route above takes
+        app.router.routes.append(DashboardMount("/", app=StaticFiles(directory=DASHBOARD, html=True), name="dashboard"))
     return app
 
 

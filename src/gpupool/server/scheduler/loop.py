@@ -28,6 +28,8 @@ from gpupool.server.scheduler.lease import SchedulerLease
 from gpupool.server.services.metering import exhausted_hard_budgets
 
 BUDGET_REFRESH_S = 5.0
+#: The least time between two cycles, so that many wake-ups (a burst of submissions) make one cycle.
+MIN_GAP_S = 0.05
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class SchedulerLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
+            time.sleep(min(MIN_GAP_S, self.interval_s))  # let a burst of submissions land in one cycle
             self._wake.clear()
             try:
                 if self.lease.hold():

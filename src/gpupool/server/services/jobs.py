@@ -51,7 +51,7 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
     session.flush()
     session.add(JobEvent(job_id=job.id, kind="submitted",
                          message="waiting for a project admin's approval" if needs_approval else "queued"))
-    return job_out(session, job)
+    return job_out(session, job, project_name=project.name, user_name=principal.user_name)
 
 
 def _spec(body: api.JobCreate) -> dict[str, object]:
@@ -73,10 +73,15 @@ def scoped_job(session: Session, principal: Principal, job_id: str) -> Job:
     return job
 
 
-def job_out(session: Session, job: Job, with_allocations: bool = False) -> api.JobOut:
-    project = session.get(Project, job.project_id)
-    user = session.get(User, job.user_id)
-    out = api.JobOut(id=job.id, name=job.name, project=project.name if project else "", user=user.name if user else "",
+def job_out(session: Session, job: Job, with_allocations: bool = False, project_name: str | None = None,
+            user_name: str | None = None) -> api.JobOut:
+    if project_name is None:
+        project = session.get(Project, job.project_id)
+        project_name = project.name if project else ""
+    if user_name is None:
+        user = session.get(User, job.user_id)
+        user_name = user.name if user else ""
+    out = api.JobOut(id=job.id, name=job.name, project=project_name, user=user_name,
                      queue=job.queue, state=job.state, attempt=job.attempt, preemptions=job.preemptions,
                      priority=job.priority, gpus=str(job.spec["gpus"]), tasks=int(job.spec["tasks"]),
                      command=list(job.spec["command"]), tags=dict(job.tags), submitted_at=job.submitted_at,
