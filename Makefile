@@ -28,11 +28,15 @@ lint: install
 	$(VENV)/bin/mypy src/gpupool/core
 	$(VENV)/bin/lint-imports
 
-# System packages the tests use: PostgreSQL (API tests run on it too) and gcc (the fake NVML library).
+# System packages the tests use: PostgreSQL (API tests run on it too), Chromium (dashboard tests, driven by
+# Playwright; never `playwright install`) and gcc (the fake NVML library, preinstalled).
 system-deps:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; } || \
 	  echo "PostgreSQL is missing: its API tests will be skipped"
+	@ls /usr/lib/chromium/chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+	  echo "Chromium is missing: the dashboard tests will be skipped"
 
 test: lint system-deps
 	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 -p no:cacheprovider

@@ -120,6 +120,7 @@ def create_app(settings: Settings) -> FastAPI:
         hub.lifecycle, hub.binder, hub.loop = lifecycle, binder, asyncio.get_running_loop()
         await asyncio.to_thread(_load_cache, db, cache, hub)
         app.state.scheduler, app.state.lifecycle = loop, lifecycle
+        app.state.fair_shares = lambda: loop.fair_shares
         loop.start()
         monitor = asyncio.create_task(hub.monitor())
         yield

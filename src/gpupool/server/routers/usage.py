@@ -117,8 +117,8 @@ def cluster_samples(who: Caller, db: Db, start: Annotated[str | None, Query(alia
     GPU nodes partly allocated, and GPUs actually used (utilisation-weighted)."""
     require(who, "viewer")
     frm, to = _window(start, end)
-    rows = db.scalars(select(ClusterSample).where(ClusterSample.at >= frm, ClusterSample.at < to)
-                      .order_by(ClusterSample.at).limit(10_000))
+    rows = list(db.scalars(select(ClusterSample).where(ClusterSample.at >= frm, ClusterSample.at < to)
+                           .order_by(ClusterSample.at.desc()).limit(10_000)))[::-1]
     return [api.SampleOut(at=r.at, gpus=r.gpus, allocated=r.allocated, used=r.used,
                           gar=r.allocated / r.gpus if r.gpus else 0.0,
                           gfr=r.fragmented_nodes / r.gpu_nodes if r.gpu_nodes else 0.0) for r in rows]

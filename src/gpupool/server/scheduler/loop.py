@@ -58,6 +58,8 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self._reasons: dict[str, PendingReason] = {}
+        #: GPU-unit fair share per queue from the latest cycle (read by the queues API and metrics)
+        self.fair_shares: dict[str, int] = {}
         self._budgets: dict[tuple[str, str], str] = {}
         self._budgets_at = float("-inf")
         self.cycles = 0
@@ -98,6 +100,7 @@ class SchedulerLoop:
         seconds = time.perf_counter() - started
         placed = self.binder.apply(result.decisions, specs, self.lease.epoch)
         self._record_reasons({**result.pending, **held})
+        self.fair_shares = dict(result.fair_shares)
         self.cycles += 1
         if self.metrics is not None:
             self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares)
