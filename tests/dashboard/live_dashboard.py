@@ -30,7 +30,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
 SERVER_ENV = {
-    "GPUPOOL_METERING_INTERVAL_S": "0.5",  # usage and cluster samples show up within a second
+    # usage and cluster samples show up within a second
+    "GPUPOOL_METERING_INTERVAL_S": "0.5", "GPUPOOL_METERING_PERIOD_S": "1",
     "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
     "GPUPOOL_HEARTBEAT_S": "0.5",
     "GPUPOOL_KILL_GRACE_S": "0.5",

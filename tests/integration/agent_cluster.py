@@ -33,7 +33,7 @@ SCALED = {
     "GPUPOOL_FENCE_S": "2",
     "GPUPOOL_KILL_GRACE_S": "0.5",
     "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
-    "GPUPOOL_METERING_INTERVAL_S": "0.5",
+    "GPUPOOL_METERING_INTERVAL_S": "0.5", "GPUPOOL_METERING_PERIOD_S": "1",
 }
 AGENT = [sys.executable, "-m", "gpupool.cli.main", "agent"]
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")

@@ -39,7 +39,8 @@ NOT_API = ("/healthz", "/readyz", "/version", "/metrics", "/openapi.json", "/doc
 METHODS = {"get", "put", "post", "delete", "patch"}
 TENANT_ROLES = ("viewer", "member", "project-admin", "tenant-admin")
 # The node's agent speaks once and goes quiet: keep it from being declared lost; meter every second.
-SERVER_ENV = {"GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600", "GPUPOOL_METERING_INTERVAL_S": "1"}
+SERVER_ENV = {"GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600", "GPUPOOL_METERING_INTERVAL_S": "1",
+              "GPUPOOL_METERING_PERIOD_S": "1"}
 MONTH = datetime.now(UTC).strftime("%Y-%m")
 
 
@@ -230,7 +231,7 @@ def _run_placed_jobs(w: World) -> None:
             ws.send(frame("log", offset=0, data=line + "\n", **grant))
             t.ids.add(order["allocation_id"])
             t.logs.add(line)
-        time.sleep(0.2)  # billing ends at the node's last heartbeat: make it later than the starts
+        time.sleep(1.1)  # billing ends at the node's last heartbeat: make it a whole metering period later
         last = next(seq)
         ws.send(json.dumps({"type": "heartbeat", "boot_id": "boot", "seq": last}))
         while json.loads(ws.recv(timeout=30)) != {"type": "ack", "seq": last}:

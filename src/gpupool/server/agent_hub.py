@@ -289,7 +289,7 @@ class AgentHub:
     def meter_and_sample(self) -> None:
         now = datetime.now(UTC)
         with self.db.session() as session:
-            meter(session, now)
+            meter(session, now, self.settings.metering_period_s)
             with self.cache.lock:
                 figures = cluster_figures(self.cache.table)
             used = sum(t.utilization_pct for tele in self.telemetry.values() for t in tele) / 100

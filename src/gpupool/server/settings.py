@@ -28,6 +28,7 @@ class Settings(BaseModel):
     max_body_bytes: int = Field(default=1 << 20, gt=0)
     impaired_silent_share: float = Field(default=0.55, gt=0, le=1)
     metering_interval_s: float = Field(default=10.0, gt=0)
+    metering_period_s: int = Field(default=3600, gt=0, le=86400)
 
     @model_validator(mode="after")
     def _timing(self) -> Settings:

@@ -3,7 +3,9 @@
 Every `interval`, each allocation that has started is metered from where the ledger left it
 (`metered_until`, else its confirmed start) to the earliest of now, its release, and its node's last
 heartbeat — so a lost node's attempt is never billed past the last sign of life (RELIABILITY.md I8).
-Each entry's `source_key` is (allocation, attempt, interval start): re-running the meter cannot bill
+Entries never cross a metering period boundary (`period_s`: an hour by default, aligned to the epoch),
+and an allocation still running is metered only up to the last whole period, so a job costs one row per
+period. Each entry's `source_key` is (allocation, attempt, interval start): re-running the meter cannot bill
 twice (I7). Amounts are integers: milli-GPU-seconds, and micro-cents at the model's price.
 """
 
@@ -42,7 +44,7 @@ def cost_micro_cents(gpu_milli_seconds: int, cents_per_gpu_hour: int) -> int:
     return gpu_milli_seconds * cents_per_gpu_hour * 1_000_000 // 3_600_000
 
 
-def meter(session: Session, now: datetime) -> int:
+def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
     """Write ledger entries for every started allocation up to what is billable now; returns entries written."""
     prices = {p.model: p.cents_per_gpu_hour for p in session.scalars(select(Price))}
     nodes = {n.id: n for n in session.scalars(select(Node))}
@@ -52,24 +54,42 @@ def meter(session: Session, now: datetime) -> int:
         Allocation.released_at.is_(None), Allocation.metered_until.is_(None),
         Allocation.metered_until < Allocation.released_at)))
     for allocation in rows:
-        node = nodes.get(allocation.node_id)
-        end = aware(_billable_end(allocation, node, now))
+        end = aware(_billable_end(allocation, nodes.get(allocation.node_id), now))
+        if allocation.released_at is None:
+            end = _period_floor(end, period_s)  # running: whole periods only
         start = aware(allocation.metered_until or allocation.started_at)  # type: ignore[arg-type]
         if end <= start:
             continue
         job = session.get(Job, allocation.job_id)
         assert job is not None
         model = models.get((allocation.node_id, allocation.shares[0][0]), "") if allocation.shares else ""
-        milli_seconds = allocation.gpu_milli * milliseconds(start, end) // 1000
-        session.add(LedgerEntry(
-            source_key=f"{allocation.id}:{allocation.attempt}:{start.isoformat()}", org_id=job.org_id,
-            project_id=job.project_id, user_id=job.user_id, queue=job.queue, job_id=job.id,
-            allocation_id=allocation.id, model=model, tags=job.tags, start=start, end=end,
-            gpu_milli=allocation.gpu_milli, gpu_milli_seconds=milli_seconds,
-            cost_micro_cents=cost_micro_cents(milli_seconds, prices.get(model, DEFAULT_CENTS_PER_GPU_HOUR))))
+        price = prices.get(model, DEFAULT_CENTS_PER_GPU_HOUR)
+        for piece_start, piece_end in _period_pieces(start, end, period_s):
+            milli_seconds = allocation.gpu_milli * milliseconds(piece_start, piece_end) // 1000
+            session.add(LedgerEntry(
+                source_key=f"{allocation.id}:{allocation.attempt}:{piece_start.isoformat()}", org_id=job.org_id,
+                project_id=job.project_id, user_id=job.user_id, queue=job.queue, job_id=job.id,
+                allocation_id=allocation.id, model=model, tags=job.tags, start=piece_start, end=piece_end,
+                gpu_milli=allocation.gpu_milli, gpu_milli_seconds=milli_seconds,
+                cost_micro_cents=cost_micro_cents(milli_seconds, price)))
+            written += 1
         allocation.metered_until = end
-        written += 1
     return written
+
+
+def _period_floor(moment: datetime, period_s: int) -> datetime:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + timedelta(seconds=(moment - epoch) // timedelta(seconds=period_s) * period_s)
+
+
+def _period_pieces(start: datetime, end: datetime, period_s: int) -> list[tuple[datetime, datetime]]:
+    """[start, end) cut at every period boundary."""
+    pieces = []
+    while start < end:
+        boundary = min(end, _period_floor(start, period_s) + timedelta(seconds=period_s))
+        pieces.append((start, boundary))
+        start = boundary
+    return pieces
 
 
 def _billable_end(allocation: Allocation, node: Node | None, now: datetime) -> datetime:
@@ -82,33 +102,38 @@ def _billable_end(allocation: Allocation, node: Node | None, now: datetime) -> d
 
 
 def usage(session: Session, principal: Principal, start: datetime, end: datetime, by: str) -> list[dict[str, object]]:
-    """GPU-hours and cost per group between `start` and `end` (entries attributed by their start)."""
+    """GPU-hours and cost per group between `start` and `end` (entries attributed by their start), summed in SQL."""
     require(principal, "viewer")
     if by not in GROUPS and not by.startswith("tag:"):
         raise HTTPException(422, f"by: choose from {', '.join(GROUPS)} or tag:<key>")
-    query = select(LedgerEntry).where(LedgerEntry.start >= start, LedgerEntry.start < end)
+    column = {"project": LedgerEntry.project_id, "user": LedgerEntry.user_id, "queue": LedgerEntry.queue,
+              "model": LedgerEntry.model}.get(by, LedgerEntry.job_id)
+    query = select(LedgerEntry.project_id, column, func.sum(LedgerEntry.gpu_milli_seconds),
+                   func.sum(LedgerEntry.cost_micro_cents), func.count()).where(
+        LedgerEntry.start >= start, LedgerEntry.start < end).group_by(LedgerEntry.project_id, column)
     if not principal.is_operator:
         query = query.where(LedgerEntry.org_id == principal.org_id)
     projects = {p.id: p.name for p in session.scalars(select(Project))}
-    users = {u.id: u.name for u in session.scalars(select(User))}
+    names = _names(session, by)
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for entry in session.scalars(query):
-        project = projects.get(entry.project_id, "")
+    for project_id, key, milli_seconds, micro, count in session.execute(query):
+        project = projects.get(project_id, "")
         if not principal.at_least("tenant-admin") and project not in principal.projects:
             continue
-        key = _group_key(entry, by, project, users)
-        totals[key][0] += entry.gpu_milli_seconds
-        totals[key][1] += entry.cost_micro_cents
-        totals[key][2] += 1
+        label = project if by == "project" else names.get(key, key) if by != "job" else key
+        for i, v in enumerate((int(milli_seconds), int(micro), int(count))):
+            totals[str(label)][i] += v
     return [{"key": k, "gpu_hours": round(v[0] / 1000 / 3600, 6), "cost": round(v[1] / 1e8, 4), "entries": v[2]}
             for k, v in sorted(totals.items())]
 
 
-def _group_key(entry: LedgerEntry, by: str, project: str, users: dict[str, str]) -> str:
+def _names(session: Session, by: str) -> dict[str, str]:
+    """How a grouping key reads: user ids become names, job ids become a tag's value (for by=tag:<key>)."""
+    if by == "user":
+        return {u.id: u.name for u in session.scalars(select(User))}
     if by.startswith("tag:"):
-        return str(entry.tags.get(by[4:], ""))
-    return {"project": project, "user": users.get(entry.user_id, ""), "queue": entry.queue, "model": entry.model,
-            "job": entry.job_id}[by]
+        return {j.id: str(j.tags.get(by[4:], "")) for j in session.scalars(select(Job))}
+    return {}
 
 
 def statement(session: Session, principal: Principal, project: str, month: str, fmt: str) -> tuple[str, str]:
