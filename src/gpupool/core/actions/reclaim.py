@@ -2,13 +2,15 @@
 that other queues borrowed (KAI semantics, ALGORITHMS.md §4.4).
 
 A job J of leaf queue R may evict only if R's GPU units plus J's demand stay within R's fair share.
-A victim of queue V qualifies only while, at the level where the paths of R and V part (the two
-sibling ancestors), V's side holds more than its allocatable share min(limit, max(guaranteed,
-fair share)) — re-checked before each eviction, so reclaim stops as soon as V is back to its share.
-Victims must be preemptible and have run at least V's `reclaim_min_runtime_s`; jobs are evicted whole.
+A victim job of queue V qualifies only if, at the level where the paths of R and V part (the two
+sibling ancestors), V's side still holds at least its allocatable share min(limit, max(guaranteed,
+fair share)) once the whole victim job is gone — re-checked before each eviction.
 
-No reclaim cycles: after a reclaim R is within its fair share, so it is not above its allocatable
-share and nothing can be reclaimed from it by V in turn (property-tested).
+This is stricter than KAI, which only asks that V's side be above its share *before* each victim goes:
+with gangs, that lets one reclaim evict a 4-GPU job to free 1 GPU, pushing V far under its share, and the
+next cycle V reclaims back (a reclaim cycle, found by the Hypothesis test). Here, after a reclaim R is
+within its fair share and V is not under its own, so neither can take from the other in turn
+(property-tested). For 1-GPU victims both rules evict the same jobs (ALGORITHMS.md §4.4 cases 9-11).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class ReclaimAction(Action):
                 continue
             candidates = [t for t in running if _eligible(cycle, tree, job, t)]
             if candidates:
-                evicted = start_by_evicting(cycle, job, candidates, _AboveShare(cycle, tree, job), left, "reclaimed")
+                may_take = _KeepsShare(cycle, tree, job, running)
+                evicted = start_by_evicting(cycle, job, candidates, may_take, left, "reclaimed")
                 attempts.record(job, evicted)
                 left -= evicted
                 running = cycle.workspace.running_tasks() if evicted else running
@@ -80,11 +83,14 @@ def diverging_queue(tree: QueueTree, reclaimer: str, victim: str) -> str:
     return tree.paths[victim][-1]
 
 
-class _AboveShare:
-    """May this victim be taken for `job`: is its side of the tree above its allocatable share right now?"""
+class _KeepsShare:
+    """May this victim be taken for `job`: does its side of the tree keep its allocatable share without it?"""
 
-    def __init__(self, cycle: Cycle, tree: QueueTree, job: JobSpec) -> None:
+    def __init__(self, cycle: Cycle, tree: QueueTree, job: JobSpec, running: list[RunningTask]) -> None:
         self.cycle, self.tree, self.job = cycle, tree, job
+        self.job_units: dict[str, int] = {}  # GPU units of each running job (victims are evicted whole)
+        for t in running:
+            self.job_units[t.job_id] = self.job_units.get(t.job_id, 0) + cycle.workspace.charge_of(t)[GPU_UNITS]
 
     def __call__(self, task: RunningTask) -> bool:
         if task.queue not in self.tree.specs:
@@ -94,4 +100,5 @@ class _AboveShare:
         share = max(spec.guaranteed[GPU_UNITS], self.cycle.fair_shares.get(side, 0))
         if spec.limit is not None and GPU_UNITS in spec.limit:
             share = min(share, spec.limit[GPU_UNITS])
-        return self.cycle.workspace.usage.get(side, ResourceVector())[GPU_UNITS] > share
+        remaining = self.cycle.workspace.usage.get(side, ResourceVector())[GPU_UNITS] - self.job_units[task.job_id]
+        return remaining >= share
