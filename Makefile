@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED ?= $(abspath ../shared)
 FAKE_GPUS ?= 2xA100-80GB
 
-.PHONY: install run demo test lint bench clean system-deps
+.PHONY: install run demo test lint bench soak clean system-deps
 
 install: $(STAMP)
 
@@ -40,6 +40,17 @@ system-deps:
 
 test: lint system-deps
 	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 -p no:cacheprovider
+
+# Reliability soak (RELIABILITY.md §3.1, full counts: T1 100 kills / 500 jobs on SQLite and PostgreSQL, every
+# migration kill point, longer disk-full holds). Every figure line the tests print lands in reports/reliability.md.
+FIGURES := reports/.figures.txt
+soak: install system-deps
+	mkdir -p reports && rm -f $(FIGURES)
+	GPUPOOL_SOAK=1 GPUPOOL_FIGURES=$(abspath $(FIGURES)) GPUPOOL_SHARED=$(SHARED) \
+	  $(PY) -m pytest tests/reliability -n 2 -p no:cacheprovider > reports/.soak.log 2>&1; status=$$?; \
+	  tail -n 30 reports/.soak.log; \
+	  $(PY) -m gpupool.devtools.figures $(FIGURES) reports/.soak.log --out reports/reliability.md \
+	    --command "make soak"; exit $$status
 
 bench: install
 	GPUPOOL_SHARED=$(SHARED) $(PY) benchmarks/run.py $(BENCH_ARGS)

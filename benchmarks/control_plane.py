@@ -27,12 +27,13 @@ NODES, GPUS, CLIENTS, SECONDS = 250, 8, 8, 10.0
 SLOW_LIVENESS = {"GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "6000", "GPUPOOL_FENCE_S": "60"}
 
 
-def _register_nodes(server: Server) -> None:
+def register_nodes(server: Server, nodes: int = NODES, gpus_per_node: int = GPUS) -> None:
+    """Join `nodes` fake A100 nodes through the agent endpoint (no agent processes)."""
     with server.client() as c, httpx.Client(base_url=server.url, timeout=30) as raw:
-        for n in range(NODES):
+        for n in range(nodes):
             token = c.post("/join-tokens", json={"ttl_s": 600}).json()["token"]
             gpus = [GpuInfo(index=i, uuid=f"GPU-bench-{n}-{i}", model="A100", memory_mib=81920, fake=True)
-                    for i in range(GPUS)]
+                    for i in range(gpus_per_node)]
             reg = Registration(join_token=token, name=f"bench-{n:03d}", boot_id="b", cpu_milli=128_000,
                                memory_mib=1 << 20, gpus=gpus)
             raw.post("/api/v1/agent/register", content=reg.model_dump_json(),
@@ -76,7 +77,7 @@ def measure(backend: str) -> dict[str, float]:
     with _database(backend) as url, tempfile.TemporaryDirectory() as tmp:
         server = start_server(Path(tmp) / "data", url, env=SLOW_LIVENESS)
         try:
-            _register_nodes(server)
+            register_nodes(server)
             time.sleep(1)
             counts: list[int] = []
             threads = [threading.Thread(target=_submit_for, args=(server, SECONDS, counts)) for _ in range(CLIENTS)]

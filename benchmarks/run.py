@@ -7,6 +7,7 @@ Suites:
          openb), against an uncached per-node evaluation measured in the same run
   cycle  scheduling-cycle latency (p50, p99) with 1,000 pending jobs in 4 queues on openb, per profile
   control-plane  submits/s and submit -> placed latency, 250 fake nodes x 8 GPUs, SQLite and PostgreSQL
+  usage  `GET /usage`, `gpupool usage` and the dashboard's usage pages over 30 days of ledger on 250 nodes
 Run `python benchmarks/run.py --help` for options; `make bench BENCH_ARGS="--suite speed"` runs one suite.
 """
 
@@ -23,6 +24,7 @@ import control_plane  # noqa: E402
 import cycle_latency  # noqa: E402
 import fill_fidelity  # noqa: E402
 import placement_speed  # noqa: E402
+import usage  # noqa: E402
 
 FGD_TRACES = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
               "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
@@ -35,7 +37,7 @@ def shared() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle", "control-plane"], default="all")
+    parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle", "control-plane", "usage"], default="all")
     parser.add_argument("--traces", default=",".join(FGD_TRACES), help="comma-separated openb pod lists")
     parser.add_argument("--policies", default="random,dotprod,gpuclustering,gpupacking,bestfit,fgd")
     parser.add_argument("--seeds", default="42-51")
@@ -49,6 +51,8 @@ def main() -> None:
         placement_speed.run(openb, args.out / "speed")
     if args.suite in ("all", "control-plane"):
         control_plane.run()
+    if args.suite in ("all", "usage"):
+        usage.run()
     if args.suite in ("all", "cycle"):
         cycle_latency.run(openb, Path(__file__).resolve().parents[1] / "examples" / "openb-4-queues.yaml")
     if args.suite in ("all", "fill"):

@@ -29,12 +29,16 @@ from gpupool.agent.clock import ManualClock
 from gpupool.agent.devices import FakeDiscovery
 from gpupool.agent.runtime import ProcessRuntime
 from gpupool.agent.runtime.process import DEFAULT_PATH
-from gpupool.protocol.agent import Ack, Launch, Registration, RegistrationReply, Stop
+from gpupool.protocol.agent import Ack, Launch, Registration, RegistrationReply, Rejected, Stop
 from gpupool.protocol.devices import GpuInfo, MigInstance
+from gpupool.protocol.signing import OrderSigner, key_hash
 
 NOW = 1_700_000_000.0
 ENV = {"PATH": os.environ.get("PATH", DEFAULT_PATH)}
 REG = Registration(join_token="abcdef.0123456789abcdef", name="n1", boot_id="b", cpu_milli=1000, memory_mib=1024)
+SIGNER = OrderSigner.generate()
+NODE = "node-1"
+REPLY = {"node_id": "n-1", "credential": "c", "heartbeat_s": 5, "fence_s": 40, "order_key": SIGNER.public_key}
 
 
 @pytest.mark.parametrize(
@@ -61,10 +65,10 @@ def test_register_posts_the_registration_and_returns_the_reply():
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen["url"], seen["body"] = str(request.url), json.loads(request.content)
-        return httpx.Response(200, json={"node_id": "n-1", "credential": "c", "heartbeat_s": 5, "fence_s": 40})
+        return httpx.Response(200, json=REPLY)
 
     reply = register("http://cp:8080", REG, transport=httpx.MockTransport(answer))
-    assert reply == RegistrationReply(node_id="n-1", credential="c", heartbeat_s=5, fence_s=40)
+    assert reply == RegistrationReply(**REPLY)
     assert seen == {"url": "http://cp:8080/api/v1/agent/register", "body": json.loads(REG.model_dump_json())}
 
 
@@ -83,6 +87,27 @@ def test_register_errors_carry_the_server_message(response, retryable, message):
     with pytest.raises(RegistrationError, match=message) as info:
         register("http://cp", REG, transport=httpx.MockTransport(lambda request: response))
     assert info.value.retryable is retryable
+
+
+@pytest.mark.parametrize(
+    ("pin", "joins"),
+    [
+        (key_hash(SIGNER.public_key), True),
+        (key_hash(SIGNER.public_key).upper().replace("SHA256:", ""), True),  # bare hex, any case
+        (key_hash(OrderSigner.generate().public_key), False),  # another control plane's key
+        ("sha256:00", False),
+        (None, True),  # no pin: the key of the reply is pinned as it comes
+    ],
+    ids=["pinned", "bare-hex", "other-key", "malformed", "no-pin"],  # stable ids: xdist workers must agree
+)
+def test_register_checks_the_pinned_key_hash(pin, joins):
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=REPLY))
+    if joins:
+        assert register("http://cp", REG, transport=transport, key_pin=pin).order_key == SIGNER.public_key
+    else:
+        with pytest.raises(RegistrationError, match="refusing to join") as info:
+            register("http://cp", REG, transport=transport, key_pin=pin)
+        assert not info.value.retryable
 
 
 def test_register_network_errors_are_retryable():
@@ -123,6 +148,8 @@ class Setup:
             tick_s=0.01,
             backoff_base_s=0.001,
             backoff_cap_s=0.002,
+            node_id=NODE,
+            order_key=SIGNER.public_key,
         )
         self.channel = Channel(
             config,
@@ -135,8 +162,8 @@ class Setup:
         )
         self.gpu = self.discovery.list_devices()[0].uuid
 
-    def launch_json(self, allocation="a1", script="exec sleep 30") -> str:
-        return Launch(
+    def launch_json(self, allocation="a1", script="exec sleep 30", signer=SIGNER, node=NODE) -> str:
+        order = Launch(
             allocation_id=allocation,
             attempt=0,
             job_id="j",
@@ -145,7 +172,8 @@ class Setup:
             gpus=[{"uuid": self.gpu, "index": 0, "milli": 1000, "memory_mib": 0}],
             epoch=1,
             expires_at=NOW + 60,
-        ).model_dump_json()
+        )
+        return signer.seal(order, node).model_dump_json()
 
     def cleanup(self) -> None:
         for handle in self.runtime.adopt():
@@ -183,7 +211,8 @@ def test_a_stop_order_stops_the_workload_in_the_background(setup):
     async def scenario() -> None:
         ch.handle_frame(setup.launch_json())
         handle = ch.workloads.get(("a1", 0)).handle
-        ch.handle_frame(Stop(allocation_id="a1", attempt=0, grace_s=5, reason="done").model_dump_json())
+        stop = SIGNER.seal(Stop(allocation_id="a1", attempt=0, grace_s=5, reason="done"), NODE)
+        ch.handle_frame(stop.model_dump_json())
         deadline = time.monotonic() + 10
         while setup.runtime.poll(handle).running:
             assert time.monotonic() < deadline
@@ -195,6 +224,62 @@ def test_a_stop_order_stops_the_workload_in_the_background(setup):
         ("started", None, ""),
         ("exited", 143, "stopped: done"),
     ]
+
+
+def _tampered(raw: str) -> str:
+    order = json.loads(raw)
+    order["command"] = ["sh", "-c", "echo owned"]
+    return json.dumps(order)
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        pytest.param(lambda s: s.launch_json(signer=OrderSigner.generate()), "bad signature", id="another key"),
+        pytest.param(lambda s: _tampered(s.launch_json()), "bad signature", id="tampered command"),
+        pytest.param(lambda s: s.launch_json(node="node-2"), "order for node node-2", id="another node"),
+    ],
+)
+def test_orders_not_signed_for_this_node_are_refused_and_start_nothing(setup, frame, reason):
+    ch = setup.channel
+    ch.handle_frame(frame(setup))
+    [refused] = ch.outbox.take()
+    assert refused.state == "refused" and reason in refused.message
+    assert ch.workloads.keys() == [] and setup.runtime.adopt() == []
+    ch.handle_frame(setup.launch_json())  # the genuine order for the same attempt comes too late: still refused
+    [again] = ch.outbox.take()
+    assert again.state == "refused" and setup.runtime.adopt() == []
+
+
+def test_a_channel_without_a_pinned_key_refuses_every_order(tmp_path):
+    s = Setup(tmp_path)
+    config = ChannelConfig(server_url="http://cp", credential="c", boot_id="b", node_id=NODE)  # no order_key
+    bare = Channel(config, s.runtime, s.discovery, wall_clock=ManualClock(NOW))
+    bare.handle_frame(s.launch_json())
+    [refused] = bare.outbox.take()
+    assert refused.state == "refused" and "no control-plane key pinned" in refused.message
+
+
+def test_a_forged_stop_order_is_ignored(setup):
+    ch = setup.channel
+    ch.handle_frame(setup.launch_json())
+    handle = ch.workloads.get(("a1", 0)).handle
+    ch.outbox.take()
+    for stop in (Stop(allocation_id="a1", attempt=0, grace_s=0), OrderSigner.generate().seal(
+            Stop(allocation_id="a1", attempt=0, grace_s=0), NODE), SIGNER.seal(
+            Stop(allocation_id="a1", attempt=0, grace_s=0), "node-2")):
+        ch.handle_frame(stop.model_dump_json())
+    time.sleep(0.2)
+    assert setup.runtime.poll(handle).running and ch.outbox.take() == []  # no stop, no report
+
+
+def test_a_rejected_frame_is_dropped_like_an_acked_one(setup):
+    ch = setup.channel
+    ch.handle_frame(setup.launch_json())
+    [started] = ch.outbox.take()
+    assert ch.outbox.in_flight == 1
+    ch.handle_frame(Rejected(seq=started.seq, code=403, reason="not this node's").model_dump_json())
+    assert ch.outbox.in_flight == 0
 
 
 def test_self_fencing_stops_every_workload_and_reports_fenced(setup):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from gpupool.agent.devices import FakeDiscovery
 from gpupool.agent.main import (
     EXIT_CONFIG,
+    EXIT_CREDENTIAL,
     NODE_FILE,
     NodeIdentity,
     build_registration,
@@ -23,7 +25,8 @@ from gpupool.agent.main import (
 )
 
 IDENTITY = NodeIdentity(
-    server="http://cp:8080", name="n1", node_id="node-1", credential="secret", heartbeat_s=5.0, fence_s=40.0
+    server="http://cp:8080", name="n1", node_id="node-1", credential="secret", heartbeat_s=5.0, fence_s=40.0,
+    order_key="A" * 43 + "=",
 )
 
 
@@ -73,3 +76,9 @@ def test_registration_describes_this_machine_and_its_gpus():
 def test_names_and_boot_ids():
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", default_node_name())
     assert new_boot_id() != new_boot_id()
+
+
+def test_a_saved_identity_without_a_pinned_order_key_is_refused(tmp_path):
+    """A node.json from before signed orders pins no key: the agent stops (exit 3) rather than run unverified."""
+    save_identity(tmp_path, dataclasses.replace(IDENTITY, order_key=""))
+    assert run_agent("http://cp:8080", None, tmp_path, "n1", "") == EXIT_CREDENTIAL

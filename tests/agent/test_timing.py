@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupool.agent.clock import ManualClock
-from gpupool.agent.timing import Backoff, FenceTimer, jittered
+from gpupool.agent.timing import Backoff, FenceTimer, jittered, reconnect_cap_s
 
 
 class MaxRng(random.Random):
@@ -102,3 +102,10 @@ def test_fence_needs_a_positive_timeout():
 def test_manual_clock_does_not_go_backwards():
     with pytest.raises(ValueError):
         ManualClock().advance(-1)
+
+
+def test_reconnect_cap_scales_with_the_fence_and_keeps_the_defaults():
+    assert reconnect_cap_s(40.0) == 30.0  # the default F: the usual 30 s cap
+    assert reconnect_cap_s(2.0) == 1.5  # scaled by 1/20: back within G = 3 s of a control-plane restart
+    assert reconnect_cap_s(0.2) == 0.5  # never below the first delay's ceiling
+    assert reconnect_cap_s(400.0) == 30.0

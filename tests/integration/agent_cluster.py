@@ -34,6 +34,7 @@ SCALED = {
     "GPUPOOL_KILL_GRACE_S": "0.5",
     "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
     "GPUPOOL_METERING_INTERVAL_S": "0.5", "GPUPOOL_METERING_PERIOD_S": "1",
+    "GPUPOOL_REQUEUE_RATE_PER_S": "2",  # lost nodes requeued: 0.1 node/s scaled by 20, burst 1
 }
 AGENT = [sys.executable, "-m", "gpupool.cli.main", "agent"]
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
@@ -144,6 +145,8 @@ class Cluster:
     root: Path
     env: dict[str, str] = field(default_factory=lambda: dict(SCALED))
     server_host: str | None = None
+    port: int | None = None  # None: any free port (set one to restart a killed control plane on it)
+    database_url: str | None = None  # None: SQLite in the control plane's data dir
     server: Server | None = None
     agents: dict[str, Agent] = field(default_factory=dict)
     _client: httpx.Client | None = None
@@ -153,7 +156,7 @@ class Cluster:
         env = dict(self.env)
         if self.server_host:
             env["GPUPOOL_HOST"] = self.server_host
-        self.server = start_server(self.root / "cp", env=env)
+        self.server = start_server(self.root / "cp", self.database_url, env=env, port=self.port)
         self._client = self.server.client()
         return self
 
@@ -178,7 +181,7 @@ class Cluster:
         if self.server is not None:
             stop_server(self.server)
             # RELIABILITY.md §2.1: every run ends with the invariant checker (double allocation, ledger, ...)
-            self.violations = run_checks(f"sqlite:///{self.server.data_dir / 'gpupool.db'}")
+            self.violations = run_checks(self.db_url)
 
     # API ---------------------------------------------------------------------------------------
 
@@ -186,6 +189,11 @@ class Cluster:
     def api(self) -> httpx.Client:
         assert self._client is not None
         return self._client
+
+    @property
+    def db_url(self) -> str:
+        assert self.server is not None
+        return self.database_url or f"sqlite:///{self.server.data_dir / 'gpupool.db'}"
 
     @property
     def url(self) -> str:

@@ -363,6 +363,8 @@ CASES = [
     Case("GET /api/v1/usage/statement", "A's project as HTML", lambda c, t, w: c.get(
         "/usage/statement", params={"project": t.project, "month": MONTH, "format": "html"}), 200, 200),
     Case("GET /api/v1/cluster/samples", "cluster figures", lambda c, t, w: c.get("/cluster/samples"), 200, 200),
+    Case("GET /api/v1/audit", "A's organisation's requests",
+         lambda c, t, w: c.get("/audit", params={"org": t.org}), 403, 403),
 ]
 CALLERS = ("tenant-admin", "member")
 
@@ -525,6 +527,7 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
     Row("GET /api/v1/usage/statement", "", lambda c, r, w: c.get("/usage/statement", params={
         "project": "acme-lab", "month": MONTH}), (*USERS, 403, 401)),
     Row("GET /api/v1/cluster/samples", "", lambda c, r, w: c.get("/cluster/samples"), (*USERS, 403, 401)),
+    Row("GET /api/v1/audit", "operators only", lambda c, r, w: c.get("/audit"), (403, 403, 403, 403, 200, 403, 401)),
 ]
 
 
@@ -578,6 +581,7 @@ def test_a_project_budget_counts_and_holds_only_its_own_tenants_project(tmp_path
     and an exhausted budget of acme's must hold acme's "twin" only (the scheduler keys holds by project id)."""
     from gpupool.server.db.engine import Database, migrate
     from gpupool.server.db.models import Budget, LedgerEntry, Org, Project
+    from gpupool.server.services import rollup
     from gpupool.server.services.metering import budget_use, exhausted_hard_budgets
 
     db = Database(f"sqlite:///{tmp_path / 'budgets.db'}")
@@ -590,9 +594,11 @@ def test_a_project_budget_counts_and_holds_only_its_own_tenants_project(tmp_path
         twins = [Project(org_id=org.id, name="twin") for org in orgs]
         session.add_all(twins)
         session.flush()
-        session.add(LedgerEntry(source_key="globex-1", org_id=orgs[1].id, project_id=twins[1].id, user_id="u",
-                                queue="q", job_id="j", allocation_id="a", model="A100", start=now, end=now,
-                                gpu_milli=1000, gpu_milli_seconds=3_600_000, cost_micro_cents=10**8))
+        entry = LedgerEntry(source_key="globex-1", org_id=orgs[1].id, project_id=twins[1].id, user_id="u",
+                            queue="q", job_id="j", allocation_id="a", model="A100", start=now, end=now,
+                            gpu_milli=1000, gpu_milli_seconds=3_600_000, cost_micro_cents=10**8, tags={})
+        session.add(entry)
+        rollup.add(session, [entry])  # as the meter writes every entry
         budgets = [Budget(org_id=org.id, scope="project", name="twin", period="month", gpu_hours=0.5, hard=True)
                    for org in orgs]  # the same name in two tenants is two budgets
         session.add_all(budgets)

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from gpupool.server.check import check_ledger
+from gpupool.server.check import check_ledger, check_rollup
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, Job, LedgerEntry, Node, Org, Project, User
 from gpupool.server.services.metering import meter
+from gpupool.server.services.rollup import totals
 
 T0 = datetime(2026, 11, 2, 9, 40, tzinfo=UTC)
 
@@ -80,3 +81,35 @@ def test_a_shorter_period_meters_running_work_sooner(db: Database) -> None:
     with db.session() as s:
         assert meter(s, T0 + timedelta(seconds=2, milliseconds=500), period_s=1) == 2
     assert [e[2] for e in _entries(db)] == [500, 500]
+
+
+def _spread_allocations(db: Database) -> None:
+    """Five more allocations over three days, two projects' worth of tags, one still running."""
+    with db.session() as s:
+        s.add(Project(id="p2", org_id="o", name="nlp"))
+        s.flush()
+        for k in range(5):
+            start = T0 + timedelta(hours=17 * k, minutes=7 * k)
+            job = Job(id=f"j{k}", seq=10 + k, org_id="o", project_id="p" if k % 2 else "p2", user_id="u", queue="q",
+                      spec={}, state="running", attempt=1, tags={"team": f"t{k % 3}"})
+            s.add(job)
+            s.flush()
+            s.add(Allocation(id=f"a{k}", job_id=job.id, task_index=0, attempt=1, node_id="n", state="running",
+                             gpu_milli=100 * (k + 1), created_at=start, started_at=start,
+                             released_at=None if k == 4 else start + timedelta(hours=5 + 3 * k, seconds=k)))
+
+
+@pytest.mark.parametrize("by", ["project", "user", "queue", "model", "tag:team", "job"])
+def test_usage_over_any_window_equals_the_ledger_summed_directly(db: Database, by: str) -> None:
+    _spread_allocations(db)
+    with db.session() as s:
+        meter(s, T0 + timedelta(days=3, hours=4))
+        assert check_rollup(s) == []
+    with db.session() as s:
+        meter(s, T0 + timedelta(days=4))  # a second pass adds to existing days
+        assert check_rollup(s) == []
+        entries = list(s.scalars(select(LedgerEntry)))
+        for lo_h, hi_h in [(0, 200), (-20, 30), (3.5, 50.25), (14.33, 14.9), (24, 72), (60, 500)]:
+            lo, hi = T0 + timedelta(hours=lo_h), T0 + timedelta(hours=hi_h)
+            direct = sum(e.gpu_milli_seconds for e in entries if lo <= e.start.replace(tzinfo=UTC) < hi)
+            assert sum(r[2] for r in totals(s, lo, hi, by)) == direct, (lo_h, hi_h)

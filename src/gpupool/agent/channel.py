@@ -6,7 +6,9 @@
 1. sends `Hello` listing the workloads it has (so the control plane can reconcile);
 2. re-sends every unacknowledged task status and log chunk, renumbered (see `Outbox`);
 3. sends a `Heartbeat` with GPU telemetry and idle GPUs every `heartbeat_s` (±20 % jitter);
-4. handles `Launch` (checked by `check_order`, idempotent), `Stop` (SIGTERM, grace, SIGKILL) and `Ack`.
+4. handles `Launch` (checked by `check_order`: signed by the pinned control-plane key, for this node, fresh;
+   idempotent), `Stop` (SIGTERM, grace, SIGKILL; signed too), `Ack` and `Rejected` (a frame the control plane
+   refused to apply: dropped, like an acked one, and logged).
 
 Across connections it polls workloads and tails their logs every `tick_s`, reconnects with full-jitter exponential
 backoff, and SELF-FENCES: after `fence_s` without any frame from the control plane it stops every workload and
@@ -34,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from gpupool.agent.clock import Clock, MonotonicClock, WallClock
+from gpupool.agent.clock import Clock, MonotonicClock, ServerClock, WallClock
 from gpupool.agent.devices.base import DeviceDiscovery
 from gpupool.agent.idle import DEFAULT_IDLE_THRESHOLD_PCT, DEFAULT_IDLE_WINDOW_S, IdleDetector
 from gpupool.agent.orders import EpochRecord
@@ -57,16 +59,18 @@ from gpupool.protocol.agent import (
     Launch,
     Registration,
     RegistrationReply,
+    Rejected,
     ServerFrame,
     Stop,
 )
 from gpupool.protocol.devices import GpuInfo, GpuTelemetry
+from gpupool.protocol.signing import OrderVerifier, hash_matches, key_hash
 
 log = logging.getLogger(__name__)
 
 REGISTER_PATH = "/api/v1/agent/register"
 CHANNEL_PATH = "/api/v1/agent/channel"
-SERVER_FRAMES: TypeAdapter[Launch | Stop | Ack] = TypeAdapter(ServerFrame)
+SERVER_FRAMES: TypeAdapter[Launch | Stop | Ack | Rejected] = TypeAdapter(ServerFrame)
 
 
 class RegistrationError(RuntimeError):
@@ -98,11 +102,14 @@ def register(
     transport: httpx.BaseTransport | None = None,
     *,
     timeout_s: float = 10.0,
+    key_pin: str | None = None,
 ) -> RegistrationReply:
     """POST `registration` to `{server}/api/v1/agent/register` and return the reply.
 
     Raises `RegistrationError` carrying the server's own message on an HTTP error, and on an unreachable server
-    or a malformed reply. `transport` lets tests answer without a network.
+    or a malformed reply; also (not retryable) when `key_pin` ("sha256:<hex>", given to the operator by the
+    control plane) is not the hash of the order key in the reply: that is not our control plane (the join token is
+    spent all the same). `transport` lets tests answer without a network.
     """
     url = endpoint(server_url, REGISTER_PATH)
     try:
@@ -117,9 +124,22 @@ def register(
         message = f"registration refused by {url} (HTTP {code}): {server_message(response)}"
         raise RegistrationError(message, status_code=code, retryable=code >= 500 or code == 429)
     try:
-        return RegistrationReply.model_validate_json(response.content)
+        reply = RegistrationReply.model_validate_json(response.content)
     except ValidationError as exc:
         raise RegistrationError(f"malformed registration reply from {url}: {exc}") from exc
+    if key_pin and not hash_matches(reply.order_key, key_pin):
+        raise RegistrationError(
+            f"the control plane at {url} signs with key {_safe_hash(reply.order_key)}, not the pinned {key_pin}: "
+            "refusing to join it"
+        )
+    return reply
+
+
+def _safe_hash(public_key: str) -> str:
+    try:
+        return key_hash(public_key)
+    except ValueError:
+        return "(malformed key)"
 
 
 def server_message(response: httpx.Response) -> str:
@@ -192,6 +212,8 @@ class ChannelConfig:
     idle_threshold_pct: int = DEFAULT_IDLE_THRESHOLD_PCT
     idle_window_s: float = DEFAULT_IDLE_WINDOW_S
     epoch_path: Path | None = None
+    node_id: str = ""  # orders naming another node are refused
+    order_key: str = ""  # the pinned control-plane key (base64); without one every order is refused
 
     def __post_init__(self) -> None:
         if min(self.heartbeat_s, self.fence_s, self.tick_s) <= 0 or self.kill_grace_s < 0:
@@ -207,8 +229,9 @@ class ChannelConfig:
 class Channel:
     """One agent boot's connection to the control plane; see the module docstring for the behaviour.
 
-    `clock` (monotonic) drives fencing, `wall_clock` order expiry, `rng` backoff and heartbeat jitter; `connect`
-    replaces the WebSocket connector. `adopted` are the handles `runtime.adopt()` found at start.
+    `clock` (monotonic) drives fencing, `wall_clock` order expiry (corrected to the control plane's clock at every
+    handshake: `server_clock`), `rng` backoff and heartbeat jitter; `connect` replaces the WebSocket connector.
+    `adopted` are the handles `runtime.adopt()` found at start.
     """
 
     def __init__(
@@ -231,12 +254,15 @@ class Channel:
         self._connect = connect if connect is not None else websocket_connector(ping_s=min(20.0, config.fence_s / 4))
         self._wake = asyncio.Event()
         self.outbox = Outbox(config.boot_id, on_put=self._wake.set)
+        self.server_clock = ServerClock(wall_clock if wall_clock is not None else WallClock())
         self.workloads = Workloads(
             runtime,
             self.outbox,
-            wall_clock=wall_clock if wall_clock is not None else WallClock(),
+            wall_clock=self.server_clock,
             epochs=EpochRecord(config.epoch_path),
             gpu_uuids=node_gpu_uuids(discovery.list_devices()),
+            node_id=config.node_id,
+            verifier=OrderVerifier(config.order_key),
         )
         self.workloads.adopt(adopted)
         self.fence_timer = FenceTimer(config.fence_s, self._clock)
@@ -272,6 +298,9 @@ class Channel:
         self.backoff.reset()
         if isinstance(frame, Ack):
             self.workloads.on_acked(self.outbox.ack(frame.seq))
+        elif isinstance(frame, Rejected):
+            log.warning("the control plane rejected frame %d (%d): %s", frame.seq, frame.code, frame.reason)
+            self.workloads.on_acked(self.outbox.ack(frame.seq))
         elif isinstance(frame, Launch):
             self.workloads.on_launch(frame)
         else:
@@ -305,6 +334,8 @@ class Channel:
         headers = {"Authorization": f"Bearer {self._config.credential}"}
         try:
             async with self._connect(self._config.url, headers) as conn:
+                response = getattr(conn, "response", None)  # websockets: the handshake's HTTP response
+                self.server_clock.sync(response.headers.get("date") if response is not None else None)
                 await self._serve(conn, stop)
         except CredentialRejected:
             raise

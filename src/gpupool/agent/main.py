@@ -2,16 +2,19 @@
 
 `run_agent` is what `gpupool agent` calls. Files under `data_dir` (created 0700):
 
-    node.json        node id, credential, heartbeat_s, fence_s, kill_grace_s from registration (0600); it means
-                     "registered": a restarted agent reuses it and never spends a join token again
+    node.json        node id, credential, heartbeat_s, fence_s, kill_grace_s and the control plane's order key from
+                     registration (0600); it means "registered": a restarted agent reuses it and never spends a join
+                     token again. The order key is PINNED here: orders not signed by it are refused (a node.json
+                     without one, from before signed orders, is refused too: register the node again)
     epoch            the highest control-plane epoch seen (stale orders stay refused across restarts)
     workloads/       the runtime's per-workload folders (state, exit code, log)
 
 Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
 agent process adopts them, provided it reaches the control plane within `fence_s` of the last frame this one heard;
 past that, each workload's watchdog stops it (see runtime/process.py), as the control plane may requeue it elsewhere.
-Exit codes: 0 after a signal, 2 for bad configuration or a refused registration, 3 when the control plane rejects
-the saved credential.
+Exit codes: 0 after a signal, 2 for bad configuration or a refused registration (also: the control plane's key is
+not the one pinned with `cp_key_hash`), 3 when the control plane rejects the saved credential or node.json pins no
+order key.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpupool.agent.channel import Channel, ChannelConfig, CredentialRejected, RegistrationError, register
+from gpupool.agent.clock import WallClock
 from gpupool.agent.devices import DeviceDiscovery, open_discovery
 from gpupool.agent.runtime.container import open_runtime
-from gpupool.agent.timing import DEFAULT_KILL_GRACE_S, Backoff
+from gpupool.agent.timing import DEFAULT_KILL_GRACE_S, Backoff, reconnect_cap_s
 from gpupool.protocol.agent import Registration
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ class NodeIdentity:
     heartbeat_s: float
     fence_s: float
     kill_grace_s: float = DEFAULT_KILL_GRACE_S
+    order_key: str = ""
 
 
 def load_identity(data_dir: Path, server: str) -> NodeIdentity | None:
@@ -117,12 +122,17 @@ def build_registration(join_token: str, name: str, boot_id: str, discovery: Devi
 
 
 async def obtain_identity(
-    server: str, join_token: str | None, data_dir: Path, registration: Registration | None, stop: asyncio.Event
+    server: str,
+    join_token: str | None,
+    data_dir: Path,
+    registration: Registration | None,
+    stop: asyncio.Event,
+    key_pin: str | None = None,
 ) -> NodeIdentity | None:
     """The saved identity, else register (retrying network errors and 5xx with backoff until `stop`) and save it.
 
-    Raises RegistrationError for a refused registration, ValueError when there is nothing to register with.
-    Returns None when `stop` was set first.
+    Raises RegistrationError for a refused registration or a control-plane key that does not match `key_pin`,
+    ValueError when there is nothing to register with. Returns None when `stop` was set first.
     """
     saved = load_identity(data_dir, server)
     if saved is not None:
@@ -132,7 +142,7 @@ async def obtain_identity(
     backoff = Backoff(random.Random())
     while not stop.is_set():
         try:
-            reply = await asyncio.to_thread(register, server, registration)
+            reply = await asyncio.to_thread(register, server, registration, key_pin=key_pin)
         except RegistrationError as exc:
             if not exc.retryable:
                 raise
@@ -142,7 +152,7 @@ async def obtain_identity(
             continue
         identity = NodeIdentity(
             server, registration.name, reply.node_id, reply.credential, reply.heartbeat_s, reply.fence_s,
-            reply.kill_grace_s,
+            reply.kill_grace_s, reply.order_key,
         )
         save_identity(data_dir, identity)
         log.info("registered as node %s (%s)", identity.node_id, identity.name)
@@ -157,11 +167,13 @@ def run_agent(
     name: str | None,
     fake_gpus: str | None,
     heartbeat_s: float | None = None,
+    cp_key_hash: str | None = None,
 ) -> int:
     """Run the node agent until SIGTERM/SIGINT; see the module docstring for files and exit codes.
 
     `fake_gpus` is a FakeDiscovery spec ("" for a GPU-less node); None means real GPUs through NVML.
-    `heartbeat_s` overrides the control plane's heartbeat interval.
+    `heartbeat_s` overrides the control plane's heartbeat interval. `cp_key_hash` ("sha256:<hex>") pins the
+    control plane's order key at registration.
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -170,7 +182,7 @@ def run_agent(
     node_name = name or default_node_name()
     try:
         with open_discovery(fake_gpus, node=node_name) as discovery:
-            return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s))
+            return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s, cp_key_hash))
     except (RegistrationError, ValueError) as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
@@ -183,13 +195,18 @@ async def _agent(
     name: str,
     discovery: DeviceDiscovery,
     heartbeat_s: float | None,
+    cp_key_hash: str | None = None,
 ) -> int:
     stop = _stop_on_signals()
     boot_id = new_boot_id()
     registration = build_registration(join_token, name, boot_id, discovery) if join_token else None
-    identity = await obtain_identity(server, join_token, data_dir, registration, stop)
+    identity = await obtain_identity(server, join_token, data_dir, registration, stop, cp_key_hash)
     if identity is None:
         return EXIT_OK
+    if not identity.order_key:
+        log.error("%s pins no control-plane order key (saved before orders were signed): remove it and register "
+                  "again with a new join token", data_dir / NODE_FILE)
+        return EXIT_CREDENTIAL
     runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s)
     adopted = runtime.adopt()
     log.info("boot %s: adopted %d workload(s) from %s", boot_id, len(adopted), runtime.directory)
@@ -200,12 +217,16 @@ async def _agent(
         heartbeat_s=heartbeat_s or identity.heartbeat_s,
         fence_s=identity.fence_s,
         kill_grace_s=identity.kill_grace_s,
+        backoff_cap_s=reconnect_cap_s(identity.fence_s),
         idle_threshold_pct=float(os.environ.get("GPUPOOL_IDLE_THRESHOLD_PCT", "5")),
         idle_window_s=float(os.environ.get("GPUPOOL_IDLE_WINDOW_S", "1800")),
         epoch_path=data_dir / EPOCH_FILE,
+        node_id=identity.node_id,
+        order_key=identity.order_key,
     )
     try:
-        await Channel(config, runtime, discovery, adopted=adopted).run(stop)
+        skew_s = float(os.environ.get("GPUPOOL_TEST_CLOCK_SKEW_S", "0"))  # tests of clock skew (RELIABILITY.md T4)
+        await Channel(config, runtime, discovery, adopted=adopted, wall_clock=WallClock(skew_s)).run(stop)
     except CredentialRejected as exc:
         log.error("%s; remove %s and register again with a new join token", exc, data_dir / NODE_FILE)
         return EXIT_CREDENTIAL

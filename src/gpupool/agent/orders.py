@@ -1,7 +1,9 @@
-"""Checking launch orders before anything runs (RELIABILITY.md §4.2): duplicates, stale epochs, expiry, devices.
+"""Checking orders before anything runs (RELIABILITY.md §4.2): signature, node, duplicates, stale epochs, expiry,
+devices.
 
-`check_order` is pure: the caller passes the wall-clock time, the highest epoch seen and what this node already
-runs or ran. `EpochRecord` keeps the highest epoch in a file so a restarted agent still refuses stale orders.
+`check_order` and `authenticate` are pure: the caller passes the wall-clock time, the highest epoch seen, what this
+node already runs or ran, its node id and the verifier of the control-plane key it pinned. `EpochRecord` keeps the
+highest epoch in a file so a restarted agent still refuses stale orders.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from gpupool.agent.runtime.base import WorkloadKey
-from gpupool.protocol.agent import Launch
+from gpupool.protocol.agent import Launch, Stop
+from gpupool.protocol.signing import OrderVerifier
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,19 @@ class OrderCheck:
     reason: str = ""
 
 
+def authenticate(order: Launch | Stop, *, node_id: str | None, verifier: OrderVerifier | None) -> str | None:
+    """Why `order` is not an authentic order for this node, or None when it is: refused when `verifier` is given
+    and the signature does not verify against the pinned key (a tampered, forged or unsigned order), then when
+    `node_id` is given and the order names another node (an order captured on one node and replayed to another).
+    None for either argument skips that check (unit tests of other rules; the channel always gives both)."""
+    if verifier is not None and not verifier.verify(order):
+        pinned = "" if verifier.pinned else " (no control-plane key pinned: register this node again)"
+        return f"bad signature: the order is not signed by the pinned control-plane key{pinned}"
+    if node_id is not None and order.node_id != node_id:
+        return f"order for node {order.node_id or '(none)'}, this is node {node_id}"
+    return None
+
+
 def check_order(
     order: Launch,
     *,
@@ -39,21 +55,29 @@ def check_order(
     highest_epoch: int,
     known: Collection[WorkloadKey] = (),
     gpu_uuids: Collection[str] | None = None,
+    node_id: str | None = None,
+    verifier: OrderVerifier | None = None,
 ) -> OrderCheck:
     """Judge `order` at wall-clock `now`, in this order:
 
     1. duplicate when (allocation_id, attempt) is in `known` (checked first: a re-sent order for a workload that
-       already started must not be answered "refused");
-    2. refuse when `order.epoch < highest_epoch` (an order from a deposed control-plane leader);
-    3. refuse when `order.expires_at < now`;
-    4. refuse when `gpu_uuids` is given and the order names a GPU (or MIG instance) this node does not have;
-    5. else launch.
+       already started must not be answered "refused", which would release a live allocation; a duplicate starts
+       nothing, so it needs no signature);
+    2. refuse when `authenticate` finds the order is not the control plane's order for this node (before the
+       fields below, which an unsigned order could set to anything);
+    3. refuse when `order.epoch < highest_epoch` (an order from a deposed control-plane leader);
+    4. refuse when `order.expires_at < now`;
+    5. refuse when `gpu_uuids` is given and the order names a GPU (or MIG instance) this node does not have;
+    6. else launch.
     """
     if (order.allocation_id, order.attempt) in known:
         return OrderCheck("duplicate", "already launched on this node")
+    problem = authenticate(order, node_id=node_id, verifier=verifier)
+    if problem is not None:
+        return OrderCheck("refuse", problem)
     if order.epoch < highest_epoch:
         return OrderCheck("refuse", f"stale order: epoch {order.epoch} < highest seen {highest_epoch}")
-    if order.expires_at < now:
+    if not order.expires_at >= now:  # written so that a NaN expiry is refused too
         return OrderCheck("refuse", f"expired order: expires_at {order.expires_at:.3f} < now {now:.3f}")
     if gpu_uuids is not None:
         unknown = sorted({grant.uuid for grant in order.gpus} - set(gpu_uuids))

@@ -49,6 +49,14 @@ class Backoff:
         self._attempt = 0
 
 
+def reconnect_cap_s(fence_s: float, base_s: float = 0.5, cap_s: float = 30.0) -> float:
+    """The reconnect backoff's cap for a node that fences after `fence_s`: 3/4 of F, at most `cap_s` (30 s with the
+    default F of 40 s) and at least `base_s`. After a control-plane restart every node has a fresh grace G > F to
+    come back before it can be declared lost (RELIABILITY.md §2.2, G >= 4H + reconnect); a fixed 30 s cap would
+    outlast G whenever the timings are scaled down."""
+    return max(base_s, min(cap_s, 0.75 * fence_s))
+
+
 def jittered(interval_s: float, rng: random.Random, jitter: float = HEARTBEAT_JITTER) -> float:
     """`interval_s` scaled by a uniform factor in [1 - jitter, 1 + jitter] (heartbeats: ±20 %)."""
     return interval_s * rng.uniform(1.0 - jitter, 1.0 + jitter)

@@ -6,7 +6,10 @@ frames and runs the blocking `runtime.stop` calls in worker threads. Every metho
 
 Task status rules (what the control plane is told):
 * "started" once a launch succeeded; a duplicate launch repeats the latest status instead of starting again;
-* "refused" for an order `check_order` refuses, and for a Stop of a workload this node does not have;
+* "refused" for an order `check_order` refuses, and for a Stop of a workload this node does not have; a refusal is
+  final: the same (allocation, attempt) ordered again is answered "refused" again, never started (the control plane
+  released it on the first answer). A stop order that is not signed for this node is ignored and only logged:
+  answering it would report on a workload that may be running;
 * "failed" when the runtime cannot start it, or when it ended without a recorded exit code;
 * "fenced" when it was stopped by self-fencing (the mark survives an agent restart);
 * "exited" with the exit code otherwise (a stop order's reason goes into the message).
@@ -24,10 +27,11 @@ from typing import Literal
 
 from gpupool.agent.clock import Clock
 from gpupool.agent.logtail import LogTailer
-from gpupool.agent.orders import EpochRecord, check_order
+from gpupool.agent.orders import EpochRecord, authenticate, check_order
 from gpupool.agent.outbox import Outbox, OutFrame
 from gpupool.agent.runtime.base import LaunchError, LaunchSpec, RunHandle, WorkloadKey, WorkloadRuntime
 from gpupool.protocol.agent import Launch, LogChunk, RunningReport, Stop, TaskStatus
+from gpupool.protocol.signing import OrderVerifier
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,9 @@ class Workload:
 
 
 class Workloads:
-    """See the module docstring. `gpu_uuids` (GPU and MIG UUIDs of this node) makes orders for other GPUs refused."""
+    """See the module docstring. `gpu_uuids` (GPU and MIG UUIDs of this node) makes orders for other GPUs refused;
+    `node_id` and `verifier` (the pinned control-plane key) make orders for other nodes and unsigned, forged or
+    tampered orders refused (see `orders.check_order`)."""
 
     def __init__(
         self,
@@ -67,6 +73,8 @@ class Workloads:
         wall_clock: Clock,
         epochs: EpochRecord | None = None,
         gpu_uuids: Collection[str] | None = None,
+        node_id: str | None = None,
+        verifier: OrderVerifier | None = None,
         log_window_chars: int = LOG_WINDOW_CHARS,
     ) -> None:
         self._runtime = runtime
@@ -74,9 +82,12 @@ class Workloads:
         self._wall = wall_clock
         self._epochs = epochs if epochs is not None else EpochRecord()
         self._gpus = None if gpu_uuids is None else frozenset(gpu_uuids)
+        self._node_id = node_id
+        self._verifier = verifier
         self._log_window = log_window_chars
         self._items: dict[WorkloadKey, Workload] = {}
         self._finished: OrderedDict[WorkloadKey, TaskStatus] = OrderedDict()
+        self._refused: OrderedDict[WorkloadKey, TaskStatus] = OrderedDict()  # apart: forged orders cannot evict
 
     def __contains__(self, key: object) -> bool:
         return key in self._items
@@ -123,13 +134,21 @@ class Workloads:
     def on_launch(self, order: Launch) -> None:
         """Check the order, then launch, refuse, or repeat the status of a duplicate."""
         key = (order.allocation_id, order.attempt)
-        known = self._items.keys() | self._finished.keys()
+        known = self._items.keys() | self._finished.keys() | self._refused.keys()
         verdict = check_order(
-            order, now=self._wall.now(), highest_epoch=self._epochs.highest, known=known, gpu_uuids=self._gpus
+            order,
+            now=self._wall.now(),
+            highest_epoch=self._epochs.highest,
+            known=known,
+            gpu_uuids=self._gpus,
+            node_id=self._node_id,
+            verifier=self._verifier,
         )
         if verdict.action == "refuse":
             log.warning("refusing launch of %s: %s", key, verdict.reason)
-            self._put(self._status(key, "refused", message=verdict.reason))
+            status = self._status(key, "refused", message=verdict.reason)
+            _remember(self._refused, key, status)
+            self._put(status)
         elif verdict.action == "duplicate":
             self._repeat(key)
         else:
@@ -139,6 +158,10 @@ class Workloads:
     def on_stop(self, order: Stop) -> RunHandle | None:
         """Mark the workload as stopping and return its handle for `runtime.stop`; None when nothing is to stop."""
         key = (order.allocation_id, order.attempt)
+        problem = authenticate(order, node_id=self._node_id, verifier=self._verifier)
+        if problem is not None:
+            log.warning("ignoring stop order for %s: %s", key, problem)
+            return None
         workload = self._items.get(key)
         if workload is None:
             self._repeat(key, unknown="refused")
@@ -206,6 +229,8 @@ class Workloads:
             self._put(workload.final if workload.final is not None else self._status(key, "started"))
         elif key in self._finished:
             self._put(self._finished[key])
+        elif key in self._refused:
+            self._put(self._refused[key])
         elif unknown is not None:
             self._put(self._status(key, unknown, message="no such workload on this node"))
 
@@ -258,10 +283,7 @@ class Workloads:
             log.warning("could not forget workload %s: %s", workload.handle.key, exc)
 
     def _remember(self, key: WorkloadKey, status: TaskStatus) -> None:
-        self._finished[key] = status
-        self._finished.move_to_end(key)
-        while len(self._finished) > FINISHED_MEMORY:
-            self._finished.popitem(last=False)
+        _remember(self._finished, key, status)
 
     def _status(
         self, key: WorkloadKey, state: StatusState, exit_code: int | None = None, message: str = ""
@@ -278,6 +300,14 @@ class Workloads:
 
     def _put(self, frame: TaskStatus | LogChunk) -> None:
         self._outbox.put(frame, reliable=True)
+
+
+def _remember(memory: OrderedDict[WorkloadKey, TaskStatus], key: WorkloadKey, status: TaskStatus) -> None:
+    """Keep `status` as the answer for `key`, forgetting the oldest past FINISHED_MEMORY entries."""
+    memory[key] = status
+    memory.move_to_end(key)
+    while len(memory) > FINISHED_MEMORY:
+        memory.popitem(last=False)
 
 
 def _read_acked_offset(handle: RunHandle) -> int:

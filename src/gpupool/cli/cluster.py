@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -33,6 +34,19 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
     return out
 
 
+def _secrets(values: list[str]) -> dict[str, str]:
+    """--secret-env items: NAME=VALUE, or NAME alone for $NAME of this process (keeps it off the command line).
+    Messages name the variable, never its value."""
+    out = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep and name not in os.environ:
+            raise typer.BadParameter("an item has no =VALUE and names no variable of this environment (the item "
+                                     "is not repeated here: it may be a secret)", param_hint="--secret-env")
+        out[name] = value if sep else os.environ[name]
+    return out
+
+
 def _seconds(text: str | None) -> int | None:
     if text is None:
         return None
@@ -58,6 +72,8 @@ def submit(
     priority: int = typer.Option(0), preemptible: bool = typer.Option(True),
     limit: str | None = typer.Option(None, help="runtime limit: 90, 30m, 2h, 1d"),
     tag: list[str] = typer.Option([], help="KEY=VALUE (repeatable), e.g. cost-centre=cc42"),
+    secret_env: list[str] = typer.Option([], help="NAME=VALUE, or NAME to take the value from this shell's "
+                                                  "environment (repeatable): stored encrypted, never shown again"),
     idempotency_key: str | None = typer.Option(None, help="retry-safe submission key (default: random)"),
     wait: bool = typer.Option(False, help="wait until the job ends; exit with its exit code"),
     as_json: bool = typer.Option(False, "--json"),
@@ -67,7 +83,7 @@ def submit(
             "min_tasks": min_tasks, "gpu_models": gpu_model, "gpu_memory_mib": gpu_memory_mib, "project": project,
             "queue": queue, "name": name, "image": image, "env": _pairs(env, "--env"), "workdir": workdir,
             "priority": priority, "preemptible": preemptible, "runtime_limit_s": _seconds(limit),
-            "tags": _pairs(tag, "--tag")}
+            "tags": _pairs(tag, "--tag"), "secret_env": _secrets(secret_env)}
     client = Client()
     try:
         job = client.post("/jobs", {k: v for k, v in body.items() if v is not None},
@@ -117,7 +133,7 @@ def job_show(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None
 
 def _print_job(job: dict[str, object]) -> None:
     for key in ("id", "name", "project", "user", "queue", "state", "attempt", "gpus", "tasks", "command",
-                "submitted_at", "started_at", "finished_at", "exit_code"):
+                "secret_env", "submitted_at", "started_at", "finished_at", "exit_code"):
         console.print(f"[bold]{key:>13}[/bold]  {job.get(key)}")
     if job.get("reason"):
         console.print(f"[bold]{'why pending':>13}[/bold]  {job['reason']['message']}")  # type: ignore[index]

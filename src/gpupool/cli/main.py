@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gpupool.cli import billing, cluster, sim, up
+from gpupool.cli import admin, billing, cluster, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="gpupool: pool every GPU of an organisation and hand it out dynamically.")
@@ -27,6 +27,8 @@ app.command()(billing.statement)
 app.add_typer(billing.budget_app, name="budget")
 app.add_typer(billing.price_app, name="price")
 app.command()(billing.check)
+app.command()(admin.audit)
+app.command("rotate-master-key")(admin.rotate_master_key)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,14 @@ def agent(server_url: str = typer.Option(..., "--server", help="control plane UR
           join_token: str | None = typer.Option(None, help="single-use join token (first start only)"),
           data_dir: Path = typer.Option(Path("gpupool-agent"), help="credential, workload state and logs"),
           name: str | None = typer.Option(None, help="node name (default: host name)"),
-          fake_gpus: str | None = typer.Option(None, help="declare FAKE GPUs, e.g. 8xH100-80GB (no real GPU)")) -> None:
+          fake_gpus: str | None = typer.Option(None, help="declare FAKE GPUs, e.g. 8xH100-80GB (no real GPU)"),
+          cp_key_hash: str | None = typer.Option(None, help="sha256:<hex> of the control plane's order key "
+                                                            "(line 2 of its DATA_DIR/order-signing.pub)")) -> None:
     """Run a node agent: discovers GPUs, dials out to the control plane, runs granted work."""
     from gpupool.agent.main import run_agent
 
-    raise typer.Exit(run_agent(server_url, join_token, data_dir, name or os.uname().nodename, fake_gpus))
+    raise typer.Exit(run_agent(server_url, join_token, data_dir, name or os.uname().nodename, fake_gpus,
+                               cp_key_hash=cp_key_hash))
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:

@@ -3,9 +3,12 @@ when running as root) and control-plane subprocesses on loopback. Never used by 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -42,6 +45,22 @@ class Postgres:
                         "-U", "gpupool", name], check=True, capture_output=True)
         return f"postgresql+psycopg://gpupool@127.0.0.1:{self.port}/{name}"
 
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (a database outage): `fast` disconnects every client at once, `immediate` crashes."""
+        subprocess.run([*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.root / "data"), "-m", mode, "-w",
+                        "stop"], check=True, capture_output=True)
+
+    def start(self) -> None:
+        """Start the stopped server again, on the same port and data."""
+        _pg_start(self.as_user, self.bin, self.root, self.port)
+
+
+def _pg_start(as_user: list[str], binaries: Path, root: Path, port: int) -> None:
+    subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(root / "data"), "-l", str(root / "log"), "-w",
+                    "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off "
+                          "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+                    "start"], check=True, capture_output=True)
+
 
 @contextmanager
 def postgres_server() -> Iterator[Postgres]:
@@ -57,10 +76,7 @@ def postgres_server() -> Iterator[Postgres]:
     port = free_port()
     subprocess.run([*as_user, str(binaries / "initdb"), "-D", str(root / "data"), "-U", "gpupool", "--auth=trust",
                     "-E", "UTF8"], check=True, capture_output=True)
-    subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(root / "data"), "-l", str(root / "log"), "-w",
-                    "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off "
-                          "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
-                    "start"], check=True, capture_output=True)
+    _pg_start(as_user, binaries, root, port)
     try:
         yield Postgres(port, root, as_user, binaries)
     finally:
@@ -71,36 +87,93 @@ def postgres_server() -> Iterator[Postgres]:
 
 @dataclass
 class Server:
+    """A control-plane subprocess. `port`, `database_url` and `env` are what it was started with, so that
+    `restart_server` can bring up its successor on the same data, address and settings."""
+
     url: str
     token: str
     data_dir: Path
     process: subprocess.Popen[bytes]
+    port: int = 0
+    database_url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     def client(self, token: str | None = None) -> httpx.Client:
         return httpx.Client(base_url=f"{self.url}/api/v1", timeout=30,
                             headers={"Authorization": f"Bearer {token or self.token}"})
 
+    @property
+    def log_path(self) -> Path:
+        return server_log(self.data_dir, self.port)
 
-def start_server(data_dir: Path, database_url: str | None = None, env: dict[str, str] | None = None) -> Server:
-    port = free_port()
+
+def server_log(data_dir: Path, port: int) -> Path:
+    """Where the control plane on `port` with `data_dir` logs (every incarnation appends to it)."""
+    return data_dir.parent / f"server-{port}.log"
+
+
+def stable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, so that no outgoing connection takes it while
+    a killed control plane is restarted on it."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
+# Tests and benchmarks drive the API far harder than a person or a script would (hundreds of requests a second
+# from one token, bursts of refused tokens from loopback): the API guard's limits are lifted for them, unless the
+# caller's environment or `env` sets them (the S5/S6 tests set low ones).
+TEST_LIMITS = {"GPUPOOL_RATE_LIMIT_PER_S": "1000000", "GPUPOOL_RATE_LIMIT_BURST": "1000000",
+               "GPUPOOL_AUTH_FAILURES_PER_MIN": "1000000", "GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "1000000"}
+
+
+def spawn_server(data_dir: Path, port: int, database_url: str | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a control plane on `port` without waiting for it (its output goes to `server_log`)."""
     cmd = [sys.executable, "-m", "gpupool.cli.main", "server", "--data-dir", str(data_dir), "--port", str(port)]
     if database_url:
         cmd += ["--database-url", database_url]
-    log = open(data_dir.parent / f"server-{port}.log", "ab")  # noqa: SIM115
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(server_log(data_dir, port), "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**TEST_LIMITS, **os.environ, **(env or {})})
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 90,
+               poll_s: float = 0.2) -> None:
+    """Poll `url`/readyz until it says ok; RuntimeError (with the log's tail) if the process exits or time runs out
+    (the process is then killed)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited {process.returncode}: {Path(log.name).read_text()[-2000:]}")
-        try:
+            raise RuntimeError(f"server exited {process.returncode}: {log_path.read_text(errors='replace')[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             if httpx.get(f"{url}/readyz", timeout=1).json().get("status") == "ok":
-                return Server(url, (data_dir / "admin.token").read_text().strip(), data_dir, process)
-        except (httpx.HTTPError, ValueError, FileNotFoundError):
-            pass
-        time.sleep(0.2)
+                return
+        time.sleep(poll_s)
     process.kill()
     raise RuntimeError("server did not become ready")
+
+
+def start_server(data_dir: Path, database_url: str | None = None, env: dict[str, str] | None = None,
+                 port: int | None = None, poll_s: float = 0.2) -> Server:
+    """Start a control plane (on a free port unless `port` is given) and wait until it is ready."""
+    port = port or free_port()
+    process = spawn_server(data_dir, port, database_url, env)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, process, server_log(data_dir, port), poll_s=poll_s)
+    token = (data_dir / "admin.token").read_text().strip()
+    return Server(url, token, data_dir, process, port, database_url, dict(env or {}))
 
 
 def stop_server(server: Server) -> None:
@@ -109,3 +182,17 @@ def stop_server(server: Server) -> None:
         server.process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.process.kill()
+
+
+def kill_server(server: Server) -> int | None:
+    """kill -9 the control plane (if it still runs) and reap it; returns its exit status (-9 when killed)."""
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGKILL)
+    return server.process.wait(timeout=20)
+
+
+def restart_server(server: Server, env: dict[str, str] | None = None, poll_s: float = 0.05) -> Server:
+    """Start the successor of a stopped or killed `server`: same data dir, port and database; `env` replaces the
+    environment it was started with (None: the same). Waits until it is ready."""
+    return start_server(server.data_dir, server.database_url, server.env if env is None else env, server.port,
+                        poll_s)

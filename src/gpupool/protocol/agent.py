@@ -5,7 +5,11 @@ keeps ONE outbound WebSocket to `/api/v1/agent/channel`, authenticated with its 
 Every frame is a JSON object with a `type`. Agent frames carry a `seq` that grows within a boot
 (`boot_id`); the control plane applies each (boot_id, seq) at most once and answers with `Ack`.
 Launch orders carry the allocation's attempt and the control plane's epoch, and expire: an agent
-refuses expired orders and orders from an older epoch than one it has seen.
+refuses expired orders and orders from an older epoch than one it has seen. Launch and stop orders name
+the node they are for and are signed by the control plane (gpupool.protocol.signing); the agent pins the
+control plane's public key from its `RegistrationReply` and refuses an order that does not verify or names
+another node. The control plane answers a frame it refuses to apply (a report about another node's
+allocation) with `Rejected` instead of `Ack`.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class RegistrationReply(_Frame):
     heartbeat_s: float
     fence_s: float
     kill_grace_s: float = 10.0
+    order_key: str = Field(min_length=1, description="the control plane's Ed25519 public key (base64) for orders")
 
 
 class RunningReport(_Frame):
@@ -112,6 +117,8 @@ class Launch(_Frame):
     gpus: list[GpuGrant] = Field(default_factory=list)
     epoch: int = Field(ge=0)
     expires_at: float
+    node_id: str = ""  # the node this order is for (set when sealed)
+    signature: str = ""  # base64 Ed25519 over signing.canonical(order)
 
 
 class Stop(_Frame):
@@ -120,6 +127,8 @@ class Stop(_Frame):
     attempt: int = Field(ge=0)
     grace_s: float = Field(ge=0)
     reason: str = ""
+    node_id: str = ""
+    signature: str = ""
 
 
 class Ack(_Frame):
@@ -127,4 +136,14 @@ class Ack(_Frame):
     seq: int = Field(ge=0)
 
 
-ServerFrame = Annotated[Launch | Stop | Ack, Field(discriminator="type")]
+class Rejected(_Frame):
+    """The answer to agent frame `seq` that the control plane received but refuses to apply (`code` 403: about
+    another node's allocation). Like an Ack it is final: the agent must not send that frame again."""
+
+    type: Literal["rejected"] = "rejected"
+    seq: int = Field(ge=0)
+    code: int
+    reason: str = Field(default="", max_length=2000)
+
+
+ServerFrame = Annotated[Launch | Stop | Ack | Rejected, Field(discriminator="type")]

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "v1"
 ROLES = ("viewer", "member", "project-admin", "tenant-admin", "operator")
@@ -177,6 +177,15 @@ class QueueOut(_Response):
     running_jobs: int = 0
 
 
+MAX_SECRET_CHARS = 16_384
+MAX_ENV_BYTES = 256 * 1024  # env and secret_env together: well inside one launch frame (1 MiB) and exec's limits
+
+
+def _env_name(key: str) -> None:
+    if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+        raise ValueError(f"{key!r} is not a valid environment variable name")
+
+
 class JobCreate(_Request):
     command: list[str] = Field(min_length=1, max_length=256)
     name: str = Field(default="", max_length=128)
@@ -196,6 +205,9 @@ class JobCreate(_Request):
     preemptible: bool = True
     runtime_limit_s: int | None = Field(default=None, ge=1, le=366 * 86400)
     tags: dict[str, str] = Field(default_factory=dict, max_length=32)
+    secret_env: dict[str, str] = Field(
+        default_factory=dict, max_length=64,
+        description="environment variables stored encrypted and given only to the job's tasks; never shown again")
 
     @field_validator("gpus")
     @classmethod
@@ -218,9 +230,29 @@ class JobCreate(_Request):
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+            _env_name(key)
         return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, secret in value.items():  # the messages name the variable, never its value
+            _env_name(key)
+            if len(secret) > MAX_SECRET_CHARS or "\x00" in secret:
+                raise ValueError(f"the value of {key} must be at most {MAX_SECRET_CHARS} characters, without NUL")
+        return value
+
+    @model_validator(mode="after")
+    def _env_fits_a_launch_order(self) -> JobCreate:
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"secret_env: {', '.join(both)} also in env; set each variable in one of them")
+        size = sum(len(k.encode(errors="surrogatepass")) + len(v.encode(errors="surrogatepass")) + 2
+                   for variables in (self.env, self.secret_env) for k, v in variables.items())
+        if size > MAX_ENV_BYTES:
+            raise ValueError(f"env, secret_env: {size} bytes together, more than {MAX_ENV_BYTES}")
+        return self
+
 
 
 class PendingReasonOut(_Response):
@@ -261,6 +293,7 @@ class JobOut(_Response):
     exit_code: int | None
     reason: PendingReasonOut | None = None
     allocations: list[AllocationOut] = Field(default_factory=list)
+    secret_env: list[str] = Field(default_factory=list, description="names of the job's secret variables")
 
 
 class JobPage(_Response):
@@ -358,3 +391,24 @@ class SampleOut(_Response):
     used: float
     gar: float
     gfr: float
+
+
+class AuditOut(_Response):
+    id: int
+    at: datetime
+    request_id: str
+    actor_kind: str
+    actor: str
+    actor_name: str
+    token_prefix: str
+    org: str | None
+    method: str
+    route: str
+    object_id: str
+    status: int
+    source: str
+
+
+class AuditPage(_Response):
+    items: list[AuditOut]
+    next_cursor: str | None = None

@@ -1,4 +1,5 @@
-"""`python -m gpupool.server`: run the control plane (what `gpupool server` and `gpupool up` start)."""
+"""`python -m gpupool.server`: run the control plane (what `gpupool server` and `gpupool up` start);
+`python -m gpupool.server rotate-master-key --data-dir D`: rotate the master key of job secrets."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ import sys
 
 import uvicorn
 
+from gpupool.server import failpoints, keyring
 from gpupool.server.app import create_app
+from gpupool.server.db.engine import Database, migrate
+from gpupool.server.db.migrating import SchemaMismatch
 from gpupool.server.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rotate-master-key"]:
+        return rotate(argv[1:])
     parser = argparse.ArgumentParser(prog="gpupool server", description="Run the gpupool control plane.")
     parser.add_argument("--data-dir", default="gpupool-data")
     parser.add_argument("--host", default=None)
@@ -21,13 +28,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     try:
+        failpoints.configure()
         settings = Settings.from_env(data_dir=args.data_dir, host=args.host, port=args.port,
                                      database_url=args.database_url, profile=args.profile)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:  # before serving: a schema that cannot be migrated safely is refused with its reason, not a traceback
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        migrate(settings.db_url)
+    except SchemaMismatch as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
     return 0
+
+
+def rotate(argv: list[str]) -> int:
+    """`python -m gpupool.server rotate-master-key`: re-wrap every data key with a new master key (the control plane
+    may keep running; it picks the new key up). Exit 1 when anything is left undecryptable."""
+    parser = argparse.ArgumentParser(prog="gpupool rotate-master-key", description=rotate.__doc__)
+    parser.add_argument("--data-dir", default="gpupool-data")
+    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--master-key-file", default=None, help="default: DATA_DIR/master.key")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(data_dir=args.data_dir, database_url=args.database_url,
+                                     master_key_file=args.master_key_file)
+        report = keyring.rotate_master_key(Database(settings.db_url), settings.master_key_path)
+    except (ValueError, keyring.KeyringError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"master key {report.old_key_id} -> {report.new_key_id}: data_keys={report.data_keys} "
+          f"job_secrets={report.job_secrets} undecryptable={report.undecryptable}")
+    return 1 if report.undecryptable else 0
 
 
 if __name__ == "__main__":

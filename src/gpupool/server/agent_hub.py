@@ -3,17 +3,28 @@
 Liveness (RELIABILITY.md §2.2): a node silent for `suspect_after_s` takes no new work; silent for
 `lost_after_s` it is lost, its allocations are released (billing ends at its last heartbeat) and its
 jobs requeued. The agent fences itself after `fence_s` < `lost_after_s`, so no attempt runs twice.
-The control plane does not declare nodes lost while it is itself impaired: within `lost_after_s` of
-its own start, or when more than `impaired_silent_share` of its agents went silent at once.
+Only the scheduler lease's holder declares nodes lost (fenced by its epoch, like every scheduler write), never
+while the control plane is itself impaired, and at a bounded rate (gpupool.server.scheduler.liveness).
+
+Database outage (RELIABILITY.md T7): a report that cannot be applied because the database is unreachable is not
+acked, and neither is anything after it (acks are cumulative); every frame still gets an Ack of what was applied,
+so the agent keeps hearing from the control plane and does not fence. Once a report applies again, the channel
+is closed (1013) and the agent reconnects and re-sends what was not acked, in order.
+
+Channel security (RELIABILITY.md §4.2, S7): every launch and stop order leaves through `send`, which addresses it
+to its node and signs it (gpupool.server.order_keys) after it is complete; agents pinned the public key at
+registration. A node's reports are applied at most once per (boot_id, seq), only a Hello starts a new boot and a
+boot once replaced never comes back (a replayed frame changes nothing, not even the node's liveness), and a report
+about an allocation that is not the node's own is answered `Rejected` (403) and logged, with no state change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,47 +37,64 @@ from gpupool.protocol.agent import (
     MAX_FRAME_BYTES,
     Ack,
     AgentFrame,
+    Heartbeat,
     Hello,
     Launch,
     LogChunk,
     Registration,
     RegistrationReply,
+    Rejected,
     Stop,
     TaskStatus,
 )
 from gpupool.protocol.devices import GpuTelemetry
+from gpupool.server import order_keys
 from gpupool.server.auth import hash_secret, new_token, resolve
-from gpupool.server.db.engine import Database
+from gpupool.server.db.engine import Database, unreachable
 from gpupool.server.db.models import Allocation, ClusterSample, Gpu, JoinToken, Node, Token
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, node_spec, nodes_with_gpus
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
+from gpupool.server.scheduler.lease import Fenced, SchedulerLease
+from gpupool.server.scheduler.liveness import LivenessGuard
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.metering import meter
 from gpupool.server.settings import Settings
 
 log = logging.getLogger(__name__)
 FRAMES = TypeAdapter(AgentFrame)
+RETIRED_BOOTS = 16
 
 
 class AgentHub:
     def __init__(self, db: Database, cache: ClusterCache, settings: Settings) -> None:
         self.db, self.cache, self.settings = db, cache, settings
-        self.queues: dict[str, asyncio.Queue[Launch | Stop | Ack]] = {}
+        self.queues: dict[str, asyncio.Queue[Launch | Stop | Ack | Rejected]] = {}
         self.last_seen: dict[str, float] = {}
         self.seqs: dict[str, tuple[str, int]] = {}
+        self.retired_boots: dict[str, list[str]] = {}  # per node, the last RETIRED_BOOTS boots a Hello replaced
+        self.signer = order_keys.load_or_create(settings.order_key_path)
         self.telemetry: dict[str, list[GpuTelemetry]] = {}
         self.idle_since: dict[str, float] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.started = time.monotonic()
+        self.guard = LivenessGuard(settings, time.monotonic())
+        self.lease: SchedulerLease | None = None  # set by create_app: liveness actions are the leader's
+        self.on_lost: Callable[[int], None] | None = None  # called with the jobs requeued, per node declared lost
+        self.held: dict[str, int] = {}  # node -> highest seq that may be acked while reports wait (DB outage)
+        self.resync: set[str] = set()  # nodes whose channel to close: the database is back, reports wait
+        self._warned_at = float("-inf")
         self.lifecycle: Lifecycle | None = None
         self.binder: Binder | None = None
         self.logs = settings.data_dir / "logs"
 
     # orders out ------------------------------------------------------------------------------
 
-    def send(self, node_id: str, frame: Launch | Stop | Ack) -> None:
-        """Queue a frame for a node (thread-safe); frames for a disconnected node wait for its return."""
+    def send(self, node_id: str, frame: Launch | Stop | Ack | Rejected) -> None:
+        """Queue a frame for a node (thread-safe); frames for a disconnected node wait for its return. Launch and
+        stop orders are addressed to `node_id` and signed here, the one door every order leaves by, so the
+        signature covers the order as sent (env and all)."""
+        if isinstance(frame, Launch | Stop):
+            frame = self.signer.seal(frame, node_id)
         queue = self.queues.setdefault(node_id, asyncio.Queue())
         if self.loop is not None and self.loop.is_running():
             self.loop.call_soon_threadsafe(queue.put_nowait, frame)
@@ -95,7 +123,8 @@ class AgentHub:
         self.reload_nodes()
         self.last_seen[node_id] = time.monotonic()
         return RegistrationReply(node_id=node_id, credential=credential, heartbeat_s=self.settings.heartbeat_s,
-                                 fence_s=self.settings.fence_s, kill_grace_s=self.settings.kill_grace_s)
+                                 fence_s=self.settings.fence_s, kill_grace_s=self.settings.kill_grace_s,
+                                 order_key=self.signer.public_key)
 
     def _upsert_node(self, session, reg: Registration) -> Node:  # noqa: ANN001 - a Session
         node = session.scalar(select(Node).where(Node.name == reg.name))
@@ -134,14 +163,25 @@ class AgentHub:
             return
         await ws.accept()
         queue = self.queues.setdefault(node_id, asyncio.Queue())
+        self.held.pop(node_id, None)
+        self.resync.discard(node_id)
         sender = asyncio.create_task(self._pump(ws, queue))
         try:
             while True:
-                raw = await ws.receive_text()
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                raw = message.get("text")
+                if raw is None:  # a binary frame: not part of the protocol
+                    await ws.close(code=1003)
+                    return
                 if len(raw) > MAX_FRAME_BYTES:
                     await ws.close(code=1009)
                     return
                 await self._handle(node_id, raw)
+                if node_id in self.resync:  # the database is back: re-sent reports come on the next connection
+                    await ws.close(code=1013)
+                    return
         except WebSocketDisconnect:
             pass
         finally:
@@ -161,7 +201,7 @@ class AgentHub:
             return None
         return principal.node_id
 
-    async def _pump(self, ws: WebSocket, queue: asyncio.Queue[Launch | Stop | Ack]) -> None:
+    async def _pump(self, ws: WebSocket, queue: asyncio.Queue[Launch | Stop | Ack | Rejected]) -> None:
         while True:
             frame = await queue.get()
             try:
@@ -172,19 +212,78 @@ class AgentHub:
 
     async def _handle(self, node_id: str, raw: str) -> None:
         try:
-            frame = FRAMES.validate_python(json.loads(raw))
-        except (ValidationError, json.JSONDecodeError) as exc:
+            frame = FRAMES.validate_json(raw)
+        except (ValidationError, ValueError, RecursionError) as exc:
             log.warning("node %s sent a malformed frame: %s", node_id, str(exc)[:200])
             return
-        self.last_seen[node_id] = time.monotonic()
         boot, seq = self.seqs.get(node_id, ("", -1))
-        fresh = frame.boot_id != boot or frame.seq > seq
-        if fresh:
+        if frame.boot_id != boot and not self._new_boot(node_id, boot, frame):
+            return  # not acked: a live agent sends Hello first on every connection and then re-sends
+        if frame.boot_id != boot or frame.seq > seq:
+            self.last_seen[node_id] = time.monotonic()
             self.seqs[node_id] = (frame.boot_id, frame.seq)
-            await asyncio.to_thread(self._apply, node_id, frame)
-        self.send(node_id, Ack(seq=frame.seq))
+            rejected = await asyncio.to_thread(self._apply_held, node_id, frame)
+            if rejected is not None:
+                self.send(node_id, rejected)
+                return
+        self.send(node_id, Ack(seq=min(frame.seq, self.held.get(node_id, frame.seq))))
 
-    def _apply(self, node_id: str, frame: Hello | TaskStatus | LogChunk | object) -> None:
+    def _new_boot(self, node_id: str, boot: str, frame: Hello | Heartbeat | TaskStatus | LogChunk) -> bool:
+        """May `frame` start a new boot of the node's agent? Only a Hello of a boot never replaced may; the boot it
+        replaces is retired (a replayed frame of a former boot is then dropped, whatever its seq)."""
+        retired = self.retired_boots.setdefault(node_id, [])
+        if not isinstance(frame, Hello) or frame.boot_id in retired:
+            log.warning("node %s: dropping a %s frame of boot %s (current boot %s)", node_id, frame.type,
+                        frame.boot_id, boot or "none yet")
+            return False
+        if boot:
+            retired.append(boot)
+            del retired[:-RETIRED_BOOTS]
+        return True
+
+    def _apply_held(self, node_id: str, frame: Hello | Heartbeat | TaskStatus | LogChunk) -> Rejected | None:
+        """`_apply`, surviving a database outage (see the module docstring): a report that fails for an unreachable
+        database caps the node's acks below it; later reports wait unapplied (re-sent after the resync); a frame
+        that applies while reports wait schedules the resync."""
+        waiting = node_id in self.held
+        if waiting and isinstance(frame, TaskStatus | LogChunk):
+            return None
+        try:
+            rejected = self._apply(node_id, frame)
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            if not isinstance(frame, Heartbeat):  # a Hello's own seq is never kept by the agent: ackable
+                cap = frame.seq if isinstance(frame, Hello) else frame.seq - 1
+                self.held[node_id] = min(cap, self.held.get(node_id, cap))
+            self._warn_unreachable(exc)
+            return None
+        if waiting:
+            self.resync.add(node_id)
+        return rejected
+
+    def _warn_unreachable(self, exc: BaseException) -> None:
+        if time.monotonic() - self._warned_at > 10:
+            self._warned_at = time.monotonic()
+            log.warning("database unreachable; agents' reports wait: %s", str(exc).splitlines()[0][:200])
+
+    def _foreign(self, node_id: str, frame: TaskStatus | LogChunk) -> Rejected | None:
+        """A 403 rejection when `frame` reports on an allocation that is not open or past on `node_id` (another
+        node's, or none at all: allocation ids also name log files)."""
+        with self.db.session() as session:
+            owner = session.scalar(select(Allocation.node_id).where(Allocation.id == frame.allocation_id))
+        if owner == node_id:
+            return None
+        log.warning("node %s reported %s for allocation %s %s: rejected (403)", node_id, frame.type,
+                    frame.allocation_id[:64], "of another node" if owner else "that does not exist")
+        return Rejected(seq=frame.seq, code=403, reason=f"allocation {frame.allocation_id[:64]} is not this node's")
+
+    def _apply(self, node_id: str, frame: Hello | Heartbeat | TaskStatus | LogChunk) -> Rejected | None:
+        """Apply one fresh frame; a Rejected to answer instead of an Ack when the node may not report it."""
+        if isinstance(frame, TaskStatus | LogChunk):
+            rejected = self._foreign(node_id, frame)
+            if rejected is not None:
+                return rejected
         if isinstance(frame, Hello):
             self._reconcile(node_id, frame)
         elif isinstance(frame, TaskStatus):
@@ -196,6 +295,7 @@ class AgentHub:
             self.telemetry[node_id] = list(getattr(frame, "telemetry", []))
             self._track_idle(node_id, set(getattr(frame, "idle_gpus", [])))
             self._mark_seen(node_id)
+        return None
 
     def _track_idle(self, node_id: str, idle_uuids: set[str]) -> None:
         """Remember since when every GPU of each allocation on the node has been reported idle."""
@@ -229,8 +329,13 @@ class AgentHub:
             self.cache.set_schedulable(node.name, not cordoned)
 
     def _reconcile(self, node_id: str, hello: Hello) -> None:
-        """After a (re)connect: resend launches the agent never got, stop work it should not run."""
+        """After a (re)connect: resend launches the agent never got, stop work it should not run.
+
+        A re-sent launch carries this process's lease epoch when that is newer than the allocation's: the agent may
+        already have taken an order of the current epoch, and would refuse the old one as stale (a control plane
+        killed between its commit and the launch would otherwise cost the job an attempt)."""
         assert self.binder is not None
+        current = self.lease.epoch if self.lease is not None else 0
         reported = {(r.allocation_id, r.attempt) for r in hello.running}
         with self.db.session() as session:
             open_rows = list(session.scalars(select(Allocation).where(
@@ -238,7 +343,8 @@ class AgentHub:
         known = {(a.id, a.attempt) for a in open_rows}
         for allocation in open_rows:
             if allocation.state == "starting" and (allocation.id, allocation.attempt) not in reported:
-                self.send(node_id, self.binder.launch(allocation, allocation.leader_epoch, time.time()))
+                epoch = max(allocation.leader_epoch, current)
+                self.send(node_id, self.binder.launch(allocation, epoch, time.time()))
             if allocation.state == "stopping":
                 self.send(node_id, Stop(allocation_id=allocation.id, attempt=allocation.attempt,
                                         grace_s=self.settings.kill_grace_s, reason=allocation.release_reason))
@@ -266,6 +372,8 @@ class AgentHub:
         last_metered = 0.0
         while True:
             await asyncio.sleep(min(1.0, self.settings.heartbeat_s))
+            if self.lease is not None and not self.lease.is_leader():
+                continue  # the passive process, or a leader cut off from the database: nothing to decide
             try:
                 await asyncio.to_thread(self.check_liveness, time.monotonic())
                 assert self.lifecycle is not None
@@ -274,8 +382,13 @@ class AgentHub:
                 if time.monotonic() - last_metered >= self.settings.metering_interval_s:
                     await asyncio.to_thread(self.meter_and_sample)
                     last_metered = time.monotonic()
-            except Exception:  # a bug: keep monitoring, and say so
-                log.exception("monitor pass failed")
+            except Fenced:
+                continue  # deposed during the pass: the lease logged it
+            except Exception as exc:  # a bug (or the database is out): keep monitoring, and say so
+                if unreachable(exc):
+                    self._warn_unreachable(exc)
+                else:
+                    log.exception("monitor pass failed")
 
     def _reclaim_idle(self, now: float) -> None:
         """Reclaim allocations idle for longer than their queue's `idle_reclaim_s` (queues without one: notify only)."""
@@ -287,8 +400,13 @@ class AgentHub:
                 del self.idle_since[allocation_id]
 
     def meter_and_sample(self) -> None:
+        """Write the usage ledger and a cluster sample; fenced like every scheduler write (ledger rows, I9)."""
         now = datetime.now(UTC)
+        epoch = self.lease.epoch if self.lease is not None else None
         with self.db.session() as session:
+            if epoch is not None:
+                assert self.lease is not None
+                self.lease.fence(session, epoch)
             meter(session, now, self.settings.metering_period_s)
             with self.cache.lock:
                 figures = cluster_figures(self.cache.table)
@@ -297,24 +415,52 @@ class AgentHub:
                                         allocated=figures.allocated_milli / 1000, used=used,
                                         fragmented_nodes=figures.fragmented_nodes, gpu_nodes=figures.nodes))
 
+    def took_over(self) -> None:
+        """This process now leads (start or takeover): the guard holds for G and every node gets a fresh grace."""
+        now = time.monotonic()
+        self.guard.restart(now)
+        self._fresh_grace(now)
+
+    def _fresh_grace(self, now: float) -> None:
+        """Count every tracked node's silence from `now` (`last_seen` is the liveness clock; billing reads the
+        node's last heartbeat from the database)."""
+        for node_id in list(self.last_seen):
+            self.last_seen[node_id] = max(self.last_seen[node_id], now)
+
     def check_liveness(self, now: float) -> None:
+        """Suspect nodes silent past `suspect_after_s`; declare lost (and requeue) those silent past `lost_after_s`
+        as the guard allows, fenced by the lease epoch this pass started under. When the guard lifts after an
+        outage or a mass silence, every node first gets a fresh grace G (as Kubernetes does on leaving a zone's
+        full disruption): nodes still silent are declared lost G after the guard ends."""
+        epoch = self.lease.epoch if self.lease is not None else None
         silent = {n: now - t for n, t in self.last_seen.items()}
-        impaired = now - self.started < self.settings.lost_after_s or (
-            len(silent) >= 3 and sum(s > self.settings.suspect_after_s for s in silent.values())
-            > self.settings.impaired_silent_share * len(silent))
+        before = self.guard.reason
+        if self.guard.check(now, silent, self.db.unreachable_at):
+            log.debug("liveness guard holds: %s", self.guard.reason)
+        elif before and before != "starting":
+            log.warning("liveness guard lifted (it held for: %s); every node gets a fresh grace", before)
+            self._fresh_grace(now)
+            silent = {n: now - t for n, t in self.last_seen.items()}
         for node_id, quiet in silent.items():
-            if quiet > self.settings.lost_after_s and not impaired:
-                self._set_state(node_id, "lost")
+            if quiet > self.settings.lost_after_s and self.guard.allow_lost(now):
                 assert self.lifecycle is not None
-                self.lifecycle.node_lost(node_id, time.time() - quiet)
+                try:
+                    requeued = self.lifecycle.node_lost(node_id, None, epoch)
+                except Fenced:
+                    return
+                log.warning("node %s lost after %.1f s of silence; %d job(s) requeued", node_id, quiet, requeued)
+                if self.on_lost is not None:
+                    self.on_lost(requeued)
                 del self.last_seen[node_id]
+                self._set_state(node_id, "lost")
             elif quiet > self.settings.suspect_after_s:
                 self._set_state(node_id, "suspect")
 
     def _set_state(self, node_id: str, state: str) -> None:
         with self.db.session() as session:
             node = session.get(Node, node_id)
-            if node is None or node.state == state:
+            if node is None:
                 return
-            node.state, name = state, node.name
-        self.cache.set_schedulable(name, False)
+            changed, node.state, name = node.state != state, state, node.name
+        if changed or state == "lost":  # node_lost wrote "lost" itself: take the node out of the cache here
+            self.cache.set_schedulable(name, False)

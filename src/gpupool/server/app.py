@@ -14,9 +14,10 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
@@ -25,7 +26,6 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from sqlalchemy import select
 from sqlalchemy.exc import DataError
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.routing import Match, Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
@@ -33,33 +33,25 @@ from starlette.types import Scope
 import gpupool
 from gpupool.core import DeviceShare
 from gpupool.protocol.agent import Registration, RegistrationReply
+from gpupool.server import guard, unavailable
 from gpupool.server.agent_hub import AgentHub
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, job_spec
+from gpupool.server.keyring import Keyring
 from gpupool.server.metrics import Metrics
 from gpupool.server.routers import api, usage
+from gpupool.server.routers import audit as audit_routes
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, running_task
 from gpupool.server.scheduler.lease import SchedulerLease, holder_id
 from gpupool.server.scheduler.loop import SchedulerLoop
+from gpupool.server.services import audit
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.tenancy import bootstrap
 from gpupool.server.settings import Settings
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
-
-
-class BodyLimit(BaseHTTPMiddleware):
-    def __init__(self, app: object, limit: int) -> None:
-        super().__init__(app)  # type: ignore[arg-type]
-        self.limit = limit
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return JSONResponse({"detail": f"body larger than {self.limit} bytes"}, status_code=413)
-        return await call_next(request)
 
 
 class DashboardMount(Mount):
@@ -98,25 +90,41 @@ def _load_cache(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
             hub.last_seen.setdefault(allocation.node_id, time.monotonic())
 
 
+def _take_over(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
+    """This process now holds the scheduler lease (at start, or taking over from another control plane): drop
+    what its cache assumed, load the open allocations another leader may have made, and give every node a
+    fresh grace before it can be declared lost (RELIABILITY.md §2.2)."""
+    with cache.lock:
+        for allocation_id in list(cache.held):
+            cache.release(allocation_id)
+        _load_cache(db, cache, hub)
+    hub.took_over()
+
+
 def create_app(settings: Settings) -> FastAPI:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url)
     cache = ClusterCache()
     hub = AgentHub(db, cache, settings)
     metrics = Metrics(cache)
-    binder = Binder(db, cache, hub, settings.launch_ttl_s, settings.kill_grace_s)
-    lease = SchedulerLease(db, settings.data_dir, holder_id())
+    lease = SchedulerLease(db, settings.data_dir, holder_id(), settings.lease_s, settings.lease_renew_s,
+                           settings.lease_retry_s)
+    lease.on_refused, hub.lease, hub.on_lost = metrics.fenced_refused.inc, lease, metrics.node_lost
+    binder = Binder(db, cache, hub, settings.launch_ttl_s, settings.kill_grace_s, fence=lease.fence)
+    binder.keyring = keyring = Keyring(settings.master_key_path)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(migrate, settings.db_url)
         with db.session() as session:
             token = bootstrap(session)
+            keyring.start(session)  # the master key: made on first start; refused if it is not the database's
         if token is not None:
             _write_admin_token(settings, token)
         loop = SchedulerLoop(db, cache, binder, lease, settings.profile, settings.placement,
                              settings.cycle_interval_s, metrics)
-        lifecycle = Lifecycle(db, cache, hub, loop.wake, settings.kill_grace_s)
+        lifecycle = Lifecycle(db, cache, hub, loop.wake, settings.kill_grace_s, fence=lease.fence)
+        loop.on_takeover = lambda: _take_over(db, cache, hub)
         hub.lifecycle, hub.binder, hub.loop = lifecycle, binder, asyncio.get_running_loop()
         await asyncio.to_thread(_load_cache, db, cache, hub)
         app.state.scheduler, app.state.lifecycle = loop, lifecycle
@@ -132,10 +140,14 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="gpupool", version=gpupool.__version__, lifespan=lifespan)
     app.state.db, app.state.cache, app.state.hub, app.state.settings = db, cache, hub, settings
     app.state.fair_shares = lambda: {}
-    app.state.principals = {}
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.state.principals, app.state.keyring = {}, keyring
+    app.add_middleware(guard.BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(guard.RateLimit, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst,
+                       auth_failures_per_min=settings.auth_failures_per_min)
+    app.add_middleware(guard.AuditLog, write=audit.writer(db))  # outermost: it sees every refusal of the others
     app.include_router(api.router)
     app.include_router(usage.router)
+    app.include_router(audit_routes.router)
     _error_handlers(app)
     _system_routes(app, metrics)
     _agent_routes(app, hub)
@@ -145,11 +157,13 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def _error_handlers(app: FastAPI) -> None:
+    unavailable.install(app)  # database/storage trouble and injected errors: 503/507 with Retry-After
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's own handler echoes the input as UTF-8 and fails (500) on a lone surrogate ("\ud800"), which
         # JSON allows; ASCII-escaped JSON carries any input.
-        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        body = json.dumps({"detail": jsonable_encoder(_redacted(exc.errors()))}, ensure_ascii=True)
         return Response(body, status_code=422, media_type="application/json")
 
     @app.exception_handler(DataError)
@@ -157,6 +171,23 @@ def _error_handlers(app: FastAPI) -> None:
         # A value the database itself refuses: a NUL character in text on PostgreSQL, an integer out of range.
         return JSONResponse({"detail": "a value in the request is out of range or holds a character the database "
                                        "cannot store (such as NUL)"}, status_code=422)
+
+
+def _redacted(errors: Sequence[Any]) -> list[Any]:
+    """Validation errors without the values of secret variables: an error about `secret_env`, or one whose input
+    holds it (a whole-body check), echoes the names only."""
+    out = []
+    for error in errors:
+        error = dict(error)
+        given = error.get("input")
+        if "secret_env" in error.get("loc", ()) and isinstance(given, dict):
+            error["input"] = {name: "<redacted>" for name in given}
+        elif "secret_env" in error.get("loc", ()):
+            error.pop("input", None)
+        elif isinstance(given, dict) and isinstance(given.get("secret_env"), dict):
+            error["input"] = {**given, "secret_env": {name: "<redacted>" for name in given["secret_env"]}}
+        out.append(error)
+    return out
 
 
 def _system_routes(app: FastAPI, metrics: Metrics) -> None:
@@ -176,12 +207,16 @@ def _system_routes(app: FastAPI, metrics: Metrics) -> None:
     @app.get("/metrics", include_in_schema=False)
     def prometheus(request: Request) -> Response:
         metrics.refresh({}, {}, {})
+        hub: AgentHub = request.app.state.hub
+        if hub.lease is not None:
+            metrics.observe_control_plane(hub.guard.engaged, hub.lease.is_leader(), hub.lease.epoch)
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
 
 def _agent_routes(app: FastAPI, hub: AgentHub) -> None:
     @app.post("/api/v1/agent/register", response_model=RegistrationReply, tags=["agents"])
     async def register(body: Registration, request: Request) -> RegistrationReply:
+        guard.note(request.state, actor_kind="join", actor=guard.join_token_id(body.join_token))
         reply = await asyncio.to_thread(hub.register, body)
         request.app.state.scheduler.wake()
         return reply

@@ -91,17 +91,20 @@ PRINCIPAL_TTL_S = 2.0
 
 
 def principal_from(request: Request) -> Principal:
+    """The caller, also left in `request.state.principal` for the audit log."""
     token = _bearer(request)
     cache: dict[str, tuple[float, Principal]] = request.app.state.principals
     hit = cache.get(token)
     now = time.monotonic()
     if hit is not None and now - hit[0] < PRINCIPAL_TTL_S:
+        request.state.principal = hit[1]
         return hit[1]
     with request.app.state.db.session() as session:
         principal = resolve(session, token)
     if len(cache) > 10_000:
         cache.clear()
     cache[token] = (now, principal)
+    request.state.principal = principal
     return principal
 
 

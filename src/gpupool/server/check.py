@@ -6,7 +6,8 @@ I3  one job per (organisation, idempotency key)
 I4  attempts only grow: no allocation carries an attempt above its job's
 I5  at most one attempt of a job holds resources at a time
 I7  the ledger balances: each entry's amounts follow from its interval, each allocation's entries add up
-    to its billable interval exactly, and no entry bills after the allocation was released
+    to its billable interval exactly, no entry bills after the allocation was released, and the daily
+    usage totals (what reports read) equal the ledger summed per day and group
 I8  no overlap billing: a job's attempts never bill the same instant
 """
 
@@ -21,8 +22,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, AllocationSlot, Job, LedgerEntry
+from gpupool.server.db.models import Allocation, AllocationSlot, Job, LedgerEntry, UsageDaily
 from gpupool.server.services.metering import aware, milliseconds
+from gpupool.server.services.rollup import day_of, tags_key
 
 OPEN_END = datetime.max.replace(tzinfo=UTC)
 
@@ -92,10 +94,29 @@ def check_ledger(session: Session) -> list[str]:
     return out
 
 
+def check_rollup(session: Session) -> list[str]:
+    """I7 for reports: usage_daily holds exactly the ledger's sums per (day, org, project, user, queue, model,
+    tags)."""
+    expected: dict[tuple[object, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for entry in session.scalars(select(LedgerEntry)):
+        key = (day_of(aware(entry.start)), entry.org_id, entry.project_id, entry.user_id, entry.queue, entry.model,
+               tags_key(entry.tags))
+        total = expected[key]
+        total[0] += entry.gpu_milli_seconds
+        total[1] += entry.cost_micro_cents
+        total[2] += 1
+    found = {(day_of(aware(r.day)), r.org_id, r.project_id, r.user_id, r.queue, r.model, r.tags_key):
+             [r.gpu_milli_seconds, r.cost_micro_cents, r.entries] for r in session.scalars(select(UsageDaily))}
+    return [f"I7: daily usage {key[0]:%Y-%m-%d} {key[2]}/{key[4]} holds {found.get(key)} but the ledger sums to {sums}"
+            for key, sums in expected.items() if found.get(key) != sums] + [
+            f"I7: daily usage {key[0]:%Y-%m-%d} {key[2]}/{key[4]} has no ledger entries" for key in found
+            if key not in expected]
+
+
 def run_checks(url: str) -> list[str]:
     db = Database(url)
     with db.session() as session:
-        return check_slots(session) + check_jobs(session) + check_ledger(session)
+        return check_slots(session) + check_jobs(session) + check_ledger(session) + check_rollup(session)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,17 @@ class Metrics:
         self.decisions = Counter("gpupool_scheduler_decisions_total", "decisions made", registry=self.registry)
         self.decision_rate = Gauge("gpupool_scheduler_decisions_per_second", "decisions per second of cycle time",
                                    registry=self.registry)
+        self.impaired = Gauge("gpupool_cp_impaired", "1 while the liveness guard holds LOST transitions "
+                              "(start or takeover, database unreachable, mass silence)", registry=self.registry)
+        self.leader = Gauge("gpupool_scheduler_leader", "1 while this process holds the scheduler lease",
+                            registry=self.registry)
+        self.epoch = Gauge("gpupool_scheduler_epoch", "fencing epoch of this process's latest lease",
+                           registry=self.registry)
+        self.fenced_refused = Counter("gpupool_fenced_writes_refused", "scheduler writes refused by the fencing "
+                                      "check (this process wrote with a deposed epoch)", registry=self.registry)
+        self.nodes_lost = Counter("gpupool_nodes_lost", "nodes declared lost", registry=self.registry)
+        self.lost_requeues = Counter("gpupool_lost_requeues", "jobs requeued because their node was declared lost",
+                                     registry=self.registry)
 
     def observe_cycle(self, seconds: float, decisions: int, fair_shares: dict[str, int]) -> None:
         self.cycle.observe(seconds)
@@ -35,6 +46,17 @@ class Metrics:
             self.decision_rate.set(decisions / seconds)
         for queue, share in fair_shares.items():
             self.fair.labels(queue).set(share / 1000)
+
+    def node_lost(self, requeued: int) -> None:
+        """One node declared lost, with the jobs it requeued."""
+        self.nodes_lost.inc()
+        self.lost_requeues.inc(requeued)
+
+    def observe_control_plane(self, impaired: bool, leader: bool, epoch: int) -> None:
+        """The control plane's own state, read at scrape time (RELIABILITY.md T5, T8)."""
+        self.impaired.set(int(impaired))
+        self.leader.set(int(leader))
+        self.epoch.set(epoch)
 
     def refresh(self, pending: dict[str, int], allocated: dict[str, float], used: dict[str, float]) -> None:
         with self.cache.lock:

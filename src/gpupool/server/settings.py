@@ -29,6 +29,26 @@ class Settings(BaseModel):
     impaired_silent_share: float = Field(default=0.55, gt=0, le=1)
     metering_interval_s: float = Field(default=10.0, gt=0)
     metering_period_s: int = Field(default=3600, gt=0, le=86400)
+    # High availability on PostgreSQL (RELIABILITY.md §2.2, client-go defaults): a leader holds the lease for
+    # lease_s, steps down when it could not renew for lease_renew_s, and every process tries every lease_retry_s.
+    lease_s: float = Field(default=15.0, gt=0)
+    lease_renew_s: float = Field(default=10.0, gt=0)
+    lease_retry_s: float = Field(default=2.0, gt=0)
+    # Nodes declared lost (and their jobs requeued) per second, token bucket (k8s node-eviction-rate).
+    requeue_rate_per_s: float = Field(default=0.1, gt=0)
+    requeue_burst: int = Field(default=1, ge=1)
+    # API guard (RELIABILITY.md S5, S6). Per token (per source address without one): 50 requests/s sustained
+    # with bursts of 200 is ten times what the dashboard or a CLI loop needs, lets a 1,000-job sweep in within
+    # about 16 s, and keeps one token from taking the control plane's whole capacity.
+    rate_limit_per_s: float = Field(default=50.0, gt=0)
+    rate_limit_burst: int = Field(default=200, ge=1)
+    auth_failures_per_min: int = Field(default=10, ge=1, description="failed authentications per address")
+    max_pending_jobs_per_org: int = Field(default=10_000, ge=1)
+    #: the key that wraps every organisation's data key (S9); default DATA_DIR/master.key, made 0600 at first start
+    master_key_file: Path | None = None
+    #: the Ed25519 key that signs launch and stop orders; default DATA_DIR/order-signing.key, made 0600 at first start.
+    #: Control planes that take over from one another must use the same one (their agents pinned it).
+    order_key_file: Path | None = None
 
     @model_validator(mode="after")
     def _timing(self) -> Settings:
@@ -36,7 +56,17 @@ class Settings(BaseModel):
             raise ValueError("fence_s + kill_grace_s must be below lost_after_s, or a lost node's job could run twice")
         if self.suspect_after_s >= self.lost_after_s:
             raise ValueError("suspect_after_s must be below lost_after_s")
+        if not self.lease_retry_s < self.lease_renew_s < self.lease_s:
+            raise ValueError("need lease_retry_s < lease_renew_s < lease_s, or two schedulers could both lead")
         return self
+
+    @property
+    def master_key_path(self) -> Path:
+        return self.master_key_file or self.data_dir / "master.key"
+
+    @property
+    def order_key_path(self) -> Path:
+        return self.order_key_file or self.data_dir / "order-signing.key"
 
     @property
     def db_url(self) -> str:

@@ -5,6 +5,7 @@ Invariants enforced by the database itself (RELIABILITY.md §2.1):
   (gpu_id, slot) WHERE released_at IS NULL;
 - I3: one job per (organisation, idempotency key): a unique constraint;
 - names are unique where people type them (organisations, projects within one, queues, nodes).
+- the audit table is append-only: triggers refuse UPDATE and DELETE on it (migration 0003).
 """
 
 from __future__ import annotations
@@ -13,7 +14,21 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -212,6 +227,28 @@ class Price(Base):
     cents_per_gpu_hour: Mapped[int] = mapped_column()
 
 
+class UsageDaily(Base):
+    """The ledger summed per UTC day (of each entry's start) and (organisation, project, user, queue, model, tags):
+    derived, written in the same transaction as the ledger entries it sums, so reports over whole days read
+    thousands of rows instead of millions. The ledger stays the record; `gpupool check` compares the two."""
+
+    __tablename__ = "usage_daily"
+    __table_args__ = (UniqueConstraint("day", "org_id", "project_id", "user_id", "queue", "model", "tags_key",
+                                       name="uq_usage_daily_group"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[datetime] = mapped_column(index=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    user_id: Mapped[str] = mapped_column(String(32))
+    queue: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(64))
+    tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    tags_key: Mapped[str] = mapped_column(String(512))
+    gpu_milli_seconds: Mapped[int] = mapped_column(BigInteger)
+    cost_micro_cents: Mapped[int] = mapped_column(BigInteger)
+    entries: Mapped[int] = mapped_column()
+
+
 class LedgerEntry(Base):
     """Append-only usage: one row per allocation and metering period, unique by `source_key`.
 
@@ -220,7 +257,7 @@ class LedgerEntry(Base):
     """
 
     __tablename__ = "ledger"
-    __table_args__ = (Index("ix_ledger_period", "org_id", "start"),)
+    __table_args__ = (Index("ix_ledger_period", "org_id", "start"), Index("ix_ledger_start", "start"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     source_key: Mapped[str] = mapped_column(String(128), unique=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
@@ -234,8 +271,8 @@ class LedgerEntry(Base):
     start: Mapped[datetime] = mapped_column()
     end: Mapped[datetime] = mapped_column()
     gpu_milli: Mapped[int] = mapped_column()
-    gpu_milli_seconds: Mapped[int] = mapped_column()
-    cost_micro_cents: Mapped[int] = mapped_column()
+    gpu_milli_seconds: Mapped[int] = mapped_column(BigInteger)
+    cost_micro_cents: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -265,3 +302,50 @@ class ClusterSample(Base):
     used: Mapped[float] = mapped_column(Float)
     fragmented_nodes: Mapped[int] = mapped_column()
     gpu_nodes: Mapped[int] = mapped_column()
+
+
+class AuditEntry(Base):
+    """Append-only record of one mutating HTTP request, whatever its outcome (RELIABILITY.md S10).
+
+    The database refuses UPDATE and DELETE on this table (triggers from migration 0003). `route` is the
+    route's template (`/api/v1/jobs/{job_id}/cancel`), or the raw path when no route matched; `object_id` is
+    the path's id or the id of what the request created; `actor_kind` is user, node, join (an agent
+    registering with a join token) or anonymous (no valid credential).
+    """
+
+    __tablename__ = "audit"
+    __table_args__ = (Index("ix_audit_org", "org_id", "id"), Index("ix_audit_at", "at"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    request_id: Mapped[str] = mapped_column(String(64))
+    actor_kind: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(64), default="")
+    actor_name: Mapped[str] = mapped_column(String(128), default="")
+    token_prefix: Mapped[str] = mapped_column(String(16), default="")
+    org_id: Mapped[str | None] = mapped_column(String(32))
+    method: Mapped[str] = mapped_column(String(8))
+    route: Mapped[str] = mapped_column(String(256))
+    object_id: Mapped[str] = mapped_column(String(128), default="")
+    status: Mapped[int] = mapped_column()
+    source: Mapped[str] = mapped_column(String(64), default="")
+
+
+class OrgKey(Base):
+    """An organisation's data key, wrapped (AES-256-GCM) by the master key whose id is `master_key_id`; the
+    master key itself lives in a file outside the database (RELIABILITY.md S9)."""
+
+    __tablename__ = "org_keys"
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), primary_key=True)
+    master_key_id: Mapped[str] = mapped_column(String(32))
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    rewrapped_at: Mapped[datetime | None] = mapped_column()
+
+
+class JobSecret(Base):
+    """A job's secret environment, sealed with its organisation's data key (the names are in the job's spec)."""
+
+    __tablename__ = "job_secrets"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    sealed: Mapped[bytes] = mapped_column(LargeBinary)

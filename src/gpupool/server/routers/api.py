@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
+from gpupool.server.failpoints import failpoint
 from gpupool.server.services import cluster, jobs, tenancy
 
 router = APIRouter(prefix="/api/v1")
@@ -18,9 +19,12 @@ Caller = Annotated[Principal, Depends(principal_from)]
 
 
 def _session(request: Request) -> Iterator[Session]:
-    """One transaction per request, committed before the response is sent (an acknowledged write is durable)."""
+    """One transaction per request, committed before the response is sent (an acknowledged write is durable).
+    A route may name a failpoint in `request.state.after_commit`: it is reached after the commit, before the
+    response."""
     with request.app.state.db.session() as session:
         yield session
+    failpoint(getattr(request.state, "after_commit", ""))
 
 
 Db = Annotated[Session, Depends(_session, scope="function")]
@@ -99,7 +103,9 @@ def list_queues(who: Caller, db: Db, request: Request) -> list[api.QueueOut]:
 @router.post("/jobs", response_model=api.JobOut, status_code=201, tags=["jobs"])
 def submit(body: api.JobCreate, who: Caller, db: Db, request: Request,
            idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> api.JobOut:
-    out = jobs.submit(db, who, body, idempotency_key)
+    out = jobs.submit(db, who, body, idempotency_key, request.app.state.keyring,
+                      request.app.state.settings.max_pending_jobs_per_org)
+    request.state.after_commit = "jobs.after_commit_before_response"
     request.app.state.scheduler.wake()
     return out
 

@@ -7,6 +7,8 @@
    makes double allocation impossible), and becomes "scheduled".
 3. Only after the commit: the cache assumes the new allocations, and launch / stop orders go out.
    A failed transaction changes nothing and the jobs are simply retried next cycle.
+The transaction starts with `fence(session, epoch)` (SchedulerLease.fence): a deposed leader's batch is
+refused whole (RELIABILITY.md I9).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,7 +28,10 @@ from gpupool.core.decisions import Move
 from gpupool.protocol.agent import GpuGrant, Launch, Stop
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, utcnow
+from gpupool.server.failpoints import failpoint
+from gpupool.server.keyring import Keyring
 from gpupool.server.scheduler.cache import ClusterCache, running_task
+from gpupool.server.scheduler.lease import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +49,14 @@ class Planned:
 
 
 class Binder:
+    #: opens jobs' secret variables for their launch orders (create_app sets it)
+    keyring: Keyring | None = None
+
     def __init__(self, db: Database, cache: ClusterCache, orders: OrderSink, launch_ttl_s: float,
-                 grace_s: float) -> None:
+                 grace_s: float, fence: Callable[[Session, int], None] | None = None) -> None:
         self.db, self.cache, self.orders = db, cache, orders
         self.launch_ttl_s, self.grace_s = launch_ttl_s, grace_s
+        self.fence = fence
 
     def apply(self, decisions: Sequence[Decision], jobs: dict[str, JobSpec], epoch: int) -> int:
         """Apply decisions; returns the number of jobs started."""
@@ -61,11 +70,18 @@ class Binder:
         claimed: set[tuple[str, int]] = set()
         try:
             with self.db.session() as session:
+                if self.fence is not None and (stopping or binds):
+                    self.fence(session, epoch)
                 stops = self._evict(session, stopping)
                 planned = [p for job_id, group in binds.items()
                            for p in self._bind(session, jobs[job_id], group, busy, claimed, epoch)]
+                if planned:
+                    session.flush()
+                    failpoint("binder.after_allocation_insert")
         except IntegrityError as exc:
             log.warning("binder: transaction refused, retrying next cycle: %s", exc.orig)
+            return 0
+        except Fenced:
             return 0
         self._dispatch(planned, stops, epoch)
         return len({p.job.id for p in planned})
@@ -125,19 +141,21 @@ class Binder:
             self.orders.send(p.allocation.node_id, self.launch(p.allocation, epoch, now))
 
     def launch(self, allocation: Allocation, epoch: int, now: float) -> Launch:
-        """The launch order for an allocation (also re-sent when an agent reconnects)."""
+        """The launch order for an allocation (also re-sent when an agent reconnects), addressed to its node. It is
+        signed as it leaves (AgentHub.send), so whatever is added to it here (env included) is covered."""
         with self.db.session() as session:
             job = session.get(Job, allocation.job_id)
             assert job is not None
             spec = job.spec
+            secret = self.keyring.open_job(session, job) if self.keyring and spec.get("secret_env") else {}
         entry = next(e for e in self.cache.nodes.values() if e.node_id == allocation.node_id)
         grants = [GpuGrant(uuid=entry.spec.gpus[i].uuid, index=i, milli=m, memory_mib=mem)
                   for i, m, mem in allocation.shares]
-        env = {**spec.get("env", {}), "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
+        env = {**spec.get("env", {}), **secret, "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
         return Launch(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
                       task_index=allocation.task_index, command=spec["command"], env=env,
                       workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
-                      expires_at=now + self.launch_ttl_s)
+                      expires_at=now + self.launch_ttl_s, node_id=allocation.node_id)
 
 
 def released_now(allocation: Allocation, reason: str, exit_code: int | None, session: Session) -> None:

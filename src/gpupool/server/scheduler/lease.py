@@ -1,36 +1,110 @@
-"""One active scheduler. On SQLite: an exclusive file lock next to the database (one process per data
-directory). On PostgreSQL: a lease row with a fencing epoch that grows at every takeover; writes carry
-the epoch, so a deposed leader's late writes are recognisable."""
+"""One active scheduler, and fencing of every scheduler write (RELIABILITY.md §2.1 I9, T5).
+
+On SQLite: an exclusive file lock next to the database (one process per data directory). On PostgreSQL
+(active/passive): a lease row with a fencing epoch that grows at every takeover, client-go style:
+
+* the leader holds the row for `lease_s` (measured on the database's clock, so two hosts never compare
+  their own clocks) and renews it at most every `retry_s`; a process that is not the leader tries to
+  take the row over every `retry_s` once it has expired;
+* the leader counts itself deposed when it could not renew for `renew_s` (< `lease_s`), on its monotonic
+  clock, so a paused leader (SIGSTOP, a long GC) knows it may have lost the lease the moment it resumes;
+* that local belief is only a shortcut: every scheduler write calls `fence(session, epoch)` first in its
+  own transaction. It locks the lease row (FOR SHARE) until the transaction ends, so a takeover cannot
+  commit in between, and refuses the write (`Fenced`) unless the row still carries the writer's epoch.
+  A deposed leader gets no write accepted, however late it wakes up.
+
+Every lease and fenced transaction on PostgreSQL sets `idle_in_transaction_session_timeout` to `lease_s`:
+a leader paused inside a transaction holds the row lock, and the database ends its session (rolling the
+transaction back) so that the other process can take over.
+"""
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import time
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
 
-from sqlalchemy import select
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
 
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Lease
 
 LEASE_NAME = "scheduler"
 
+log = logging.getLogger(__name__)
+
+
+class Fenced(RuntimeError):
+    """A scheduler write refused: the lease row no longer carries the writer's epoch (a deposed leader)."""
+
 
 class SchedulerLease:
-    def __init__(self, db: Database, data_dir: Path, holder: str, lease_s: float = 15.0) -> None:
-        self.db, self.holder, self.lease_s = db, holder, lease_s
+    """See the module docstring. `hold()` is called by the scheduler thread only; `is_leader()`, `epoch` and
+    `fence()` from any thread. `refused` counts fenced writes refused in this process; `on_refused` (if set) is
+    called once per refusal (a metric)."""
+
+    def __init__(self, db: Database, data_dir: Path, holder: str, lease_s: float = 15.0, renew_s: float = 10.0,
+                 retry_s: float = 2.0) -> None:
+        self.db, self.holder = db, holder
+        self.lease_s, self.renew_s, self.retry_s = lease_s, renew_s, retry_s
         self.epoch = 0
+        self.refused = 0
+        self.on_refused: Callable[[], None] | None = None
+        self._renewed_at = float("-inf")  # monotonic start of the latest successful take-over or renewal
+        self._tried_at = float("-inf")  # monotonic start of the latest attempt
         self._file: IO[str] | None = None
         self._lock_path = data_dir / "scheduler.lock"
         self.sqlite = db.url.startswith("sqlite")
 
     def hold(self) -> bool:
-        """Acquire or renew; True while this process is the scheduler."""
+        """Acquire or renew (against the database at most every `retry_s`); True while this process leads.
+        Raises the database's error when it cannot be reached (leadership then lapses after `renew_s`)."""
         if self.sqlite:
             return self._file_lock()
-        return self._row_lease()
+        started = time.monotonic()
+        if self.is_leader() and started - self._renewed_at < self.retry_s:
+            return True
+        if not self.is_leader() and started - self._tried_at < self.retry_s:
+            return False
+        self._tried_at = started
+        if self._row_lease():
+            self._renewed_at = started
+            return True
+        self._renewed_at = float("-inf")
+        return False
+
+    def is_leader(self) -> bool:
+        """Whether this process believes it leads: it holds the file lock (SQLite), or renewed the lease row
+        less than `renew_s` ago (PostgreSQL). Writes must still pass `fence`."""
+        if self.sqlite:
+            return self._file is not None
+        return time.monotonic() - self._renewed_at < self.renew_s
+
+    def fence(self, session: Session, epoch: int) -> None:
+        """Call first in a scheduler write's transaction: hold the lease row against a takeover until the
+        transaction ends; raise `Fenced` (the caller's transaction rolls back) unless the row carries `epoch`."""
+        self._bound(session)
+        current = session.scalar(select(Lease.epoch).where(Lease.name == LEASE_NAME).with_for_update(read=True))
+        if current == epoch:
+            return
+        self.refused += 1
+        if self.on_refused is not None:
+            self.on_refused()
+        log.warning("fenced write refused: this process writes with epoch %d, the lease is at epoch %s", epoch,
+                    current)
+        raise Fenced(f"epoch {epoch} is not the lease's epoch {current}")
+
+    def _bound(self, session: Session) -> None:
+        """PostgreSQL: end this transaction's session if it stays idle for `lease_s` (a paused process)."""
+        if not self.sqlite:
+            session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(self.lease_s * 1000))}"))
 
     def _file_lock(self) -> bool:
         if self._file is not None:
@@ -58,29 +132,43 @@ class SchedulerLease:
             return row.epoch
 
     def _row_lease(self) -> bool:
-        now = datetime.now(UTC)
+        """One acquire-or-renew transaction on the lease row, timed by the database's clock."""
         with self.db.session() as session:
+            self._bound(session)
+            now = session.scalar(select(func.now()))
             row = session.scalar(select(Lease).where(Lease.name == LEASE_NAME).with_for_update())
+            until = now + timedelta(seconds=self.lease_s)
             if row is None:
-                session.add(Lease(name=LEASE_NAME, holder=self.holder, epoch=1,
-                                  expires_at=now + timedelta(seconds=self.lease_s)))
+                session.add(Lease(name=LEASE_NAME, holder=self.holder, epoch=1, expires_at=until))
                 self.epoch = 1
                 return True
             expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
             if row.holder != self.holder and expires > now:
                 return False
-            if row.holder != self.holder:
+            if row.holder != self.holder or row.epoch != self.epoch:
                 row.holder, row.epoch = self.holder, row.epoch + 1
-            row.expires_at = now + timedelta(seconds=self.lease_s)
+                log.warning("scheduler lease taken over by %s: epoch %d", self.holder, row.epoch)
+            row.expires_at = until
             self.epoch = row.epoch
             return True
 
     def release(self) -> None:
+        """Give the lease up (process shutdown): the file lock, or the row's remaining time."""
         if self._file is not None:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        if not self.sqlite and self.is_leader():
+            self._renewed_at = float("-inf")
+            try:
+                with self.db.session() as session:
+                    session.execute(Lease.__table__.update().where(
+                        Lease.name == LEASE_NAME, Lease.holder == self.holder, Lease.epoch == self.epoch).values(
+                        expires_at=func.now()))
+            except Exception as exc:  # shutting down: the lease then simply expires
+                log.warning("could not release the scheduler lease: %s", exc)
 
 
 def holder_id() -> str:
-    return f"{os.uname().nodename}:{os.getpid()}"
+    """This process's name in the lease row: host, pid and a random tag (two containers may share both)."""
+    return f"{os.uname().nodename[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

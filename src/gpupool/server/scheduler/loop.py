@@ -1,8 +1,10 @@
 """SchedulerLoop: snapshot -> the same `core.run_cycle` as the simulator -> binder, on a worker thread.
 
 A cycle runs every `cycle_interval_s`, and at once when woken (a submission, a release, a node change).
-Each cycle: 1. hold the lease; 2. read pending jobs and the queue tree; 3. run the core on the cache's
-snapshot under the cache lock; 4. bind; 5. record why each still-pending job waits; 6. update metrics.
+Each cycle: 1. hold the lease (on a takeover, `on_takeover` first reloads what another leader may have
+changed); 2. read pending jobs and the queue tree; 3. run the core on the cache's snapshot under the cache
+lock; 4. bind, fenced by the lease's epoch; 5. record why each still-pending job waits; 6. update metrics.
+While the database is unreachable the loop keeps trying, with one warning per `QUIET_S`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,17 +22,20 @@ from sqlalchemy.orm import Session
 from gpupool.core import Framework, Workload, default_registry, run_cycle, scheduling_profile
 from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.model import TaskShape
-from gpupool.server.db.engine import Database
+from gpupool.server.db.engine import Database, unreachable
 from gpupool.server.db.models import Job
 from gpupool.server.db.repositories import job_spec, pending_jobs, queue_tree
+from gpupool.server.failpoints import failpoint
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache
-from gpupool.server.scheduler.lease import SchedulerLease
+from gpupool.server.scheduler.lease import Fenced, SchedulerLease
 from gpupool.server.services.metering import exhausted_hard_budgets
 
 BUDGET_REFRESH_S = 5.0
 #: The least time between two cycles, so that many wake-ups (a burst of submissions) make one cycle.
 MIN_GAP_S = 0.05
+#: At most one warning per this many seconds while the database cannot be reached.
+QUIET_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,10 @@ class SchedulerLoop:
         self._budgets: dict[tuple[str, str], str] = {}
         self._budgets_at = float("-inf")
         self.cycles = 0
+        #: called on the scheduler thread when this process takes the lease over (a new epoch)
+        self.on_takeover: Callable[[], None] | None = None
+        self._epoch = 0
+        self._warned_at = float("-inf")
 
     def start(self) -> None:
         self._thread.start()
@@ -83,9 +93,28 @@ class SchedulerLoop:
             self._wake.clear()
             try:
                 if self.lease.hold():
+                    self._took_over()
                     self.cycle_once()
-            except Exception:  # a bug: keep scheduling, and say so
-                log.exception("scheduler cycle failed")
+            except Fenced:
+                pass  # deposed while in the cycle: the lease said so in the log
+            except Exception as exc:
+                self._failed(exc)
+
+    def _took_over(self) -> None:
+        """Run `on_takeover` once per new epoch of this process's leadership (the first one included)."""
+        if self.lease.epoch != self._epoch:
+            if self.on_takeover is not None:
+                self.on_takeover()
+            self._reasons = {}  # another leader may have written them since: write them all again
+            self._epoch = self.lease.epoch
+
+    def _failed(self, exc: Exception) -> None:
+        """Log a failed cycle: an unreachable database at most once per QUIET_S, anything else (a bug) in full."""
+        if not unreachable(exc):
+            log.exception("scheduler cycle failed")
+        elif time.monotonic() - self._warned_at > QUIET_S:
+            self._warned_at = time.monotonic()
+            log.warning("scheduler: database unreachable, retrying: %s", str(exc).splitlines()[0][:200])
 
     def cycle_once(self) -> int:
         with self.db.session() as session:
@@ -98,8 +127,10 @@ class SchedulerLoop:
             snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree)
             result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
         seconds = time.perf_counter() - started
+        if result.decisions:
+            failpoint("scheduler.before_bind")
         placed = self.binder.apply(result.decisions, specs, self.lease.epoch)
-        self._record_reasons({**result.pending, **held})
+        self._record_reasons({**result.pending, **held}, self.lease.epoch)
         self.fair_shares = dict(result.fair_shares)
         self.cycles += 1
         if self.metrics is not None:
@@ -121,12 +152,13 @@ class SchedulerLoop:
                 held[row.id] = PendingReason(PendingKind.BUDGET_EXHAUSTED, why)
         return held
 
-    def _record_reasons(self, pending: dict[str, PendingReason]) -> None:
+    def _record_reasons(self, pending: dict[str, PendingReason], epoch: int) -> None:
         changed = {j: r for j, r in pending.items() if self._reasons.get(j) != r}
         self._reasons = dict(pending)
         if not changed:
             return
         with self.db.session() as session:
+            self.lease.fence(session, epoch)
             for job_id, reason in changed.items():
                 row = session.get(Job, job_id)
                 if row is not None and row.state == "pending":

@@ -7,12 +7,15 @@ from datetime import datetime
 
 from fastapi import HTTPException
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Job, JobEvent, Node, Org, Project, QueueRow, User
 from gpupool.server.db.repositories import job_shape
+from gpupool.server.failpoints import failpoint
+from gpupool.server.keyring import Keyring
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.tenancy import project_for
 
@@ -27,35 +30,81 @@ def _queue(session: Session, principal: Principal, name: str | None) -> QueueRow
     return queue
 
 
-def submit(session: Session, principal: Principal, body: api.JobCreate, idempotency_key: str | None) -> api.JobOut:
+def submit(session: Session, principal: Principal, body: api.JobCreate, idempotency_key: str | None,
+           keyring: Keyring | None = None, pending_cap: int | None = None) -> api.JobOut:
+    """A new job (or the one this Idempotency-Key made); 429 when the organisation has `pending_cap` pending jobs.
+    Secret variables are sealed with the organisation's data key by `keyring`; the job's spec keeps their names."""
     require(principal, "member")
-    if idempotency_key is not None:
-        existing = session.scalar(select(Job).where(Job.org_id == principal.org_id,
-                                                    Job.idempotency_key == idempotency_key))
-        if existing is not None:
-            if existing.spec != _spec(body):
-                raise HTTPException(422, "Idempotency-Key: reused with a different job")
-            return job_out(session, existing)
+    replay = _replay(session, principal, body, idempotency_key)
+    if replay is not None:
+        return replay
     if body.min_tasks is not None and body.min_tasks > body.tasks:
         raise HTTPException(422, "min_tasks: must not exceed tasks")
     project = project_for(session, principal, body.project)
     queue = _queue(session, principal, body.queue)
     job_shape(_spec(body))  # validates the shape as the scheduler will read it
+    if pending_cap is not None:
+        _check_pending_cap(session, principal, pending_cap)
     seq = (session.scalar(select(func.max(Job.seq))) or 0) + 1
     needs_approval = queue.approval_above_milli is not None and _total_milli(body) > queue.approval_above_milli
     job = Job(seq=seq, org_id=principal.org_id, project_id=project.id, user_id=principal.user_id,
               queue=queue.name, name=body.name, spec=_spec(body), priority=body.priority,
               preemptible=body.preemptible, tags=dict(body.tags), idempotency_key=idempotency_key,
               state="pending_approval" if needs_approval else "pending")
+    failpoint("jobs.before_job_update")
     session.add(job)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        return _lost_race(session, principal, body, idempotency_key)
+    if body.secret_env:
+        if keyring is None:
+            raise RuntimeError("a job with secret_env needs the keyring")
+        keyring.seal_job(session, job, body.secret_env)
     session.add(JobEvent(job_id=job.id, kind="submitted",
                          message="waiting for a project admin's approval" if needs_approval else "queued"))
     return job_out(session, job, project_name=project.name, user_name=principal.user_name)
 
 
+def _replay(session: Session, principal: Principal, body: api.JobCreate, key: str | None) -> api.JobOut | None:
+    """The job this Idempotency-Key already made (422 if it was made with another spec), or None."""
+    if key is None:
+        return None
+    existing = session.scalar(select(Job).where(Job.org_id == principal.org_id, Job.idempotency_key == key))
+    if existing is None:
+        return None
+    if existing.spec != _spec(body):
+        raise HTTPException(422, "Idempotency-Key: reused with a different job")
+    return job_out(session, existing)
+
+
+def _lost_race(session: Session, principal: Principal, body: api.JobCreate, key: str) -> api.JobOut:
+    """A concurrent submission with the same key inserted first (the unique key refused ours): roll ours back and
+    answer with its job, read in a new transaction, as a replay would; 409 with Retry-After if it is not visible."""
+    session.rollback()
+    with Session(session.get_bind()) as fresh:
+        replay = _replay(fresh, principal, body, key)
+    if replay is None:
+        raise HTTPException(409, "Idempotency-Key: the same submission is in progress; retry",
+                            headers={"Retry-After": "1"})
+    return replay
+
+
 def _spec(body: api.JobCreate) -> dict[str, object]:
-    return body.model_dump(exclude={"name", "project", "queue", "priority", "preemptible", "tags"})
+    spec = body.model_dump(exclude={"name", "project", "queue", "priority", "preemptible", "tags", "secret_env"})
+    if body.secret_env:
+        spec["secret_env"] = sorted(body.secret_env)  # names only; the values are sealed in job_secrets
+    return spec
+
+
+def _check_pending_cap(session: Session, principal: Principal, cap: int) -> None:
+    pending = session.scalar(select(func.count()).select_from(Job).where(
+        Job.org_id == principal.org_id, Job.state.in_(("pending", "pending_approval")))) or 0
+    if pending >= cap:
+        raise HTTPException(429, f"organisation {principal.org_name!r} has {pending} pending jobs, its cap "
+                                 f"(max_pending_jobs_per_org = {cap}): wait for some to start, or cancel some")
 
 
 def _total_milli(body: api.JobCreate) -> int:
@@ -86,7 +135,8 @@ def job_out(session: Session, job: Job, with_allocations: bool = False, project_
                      priority=job.priority, gpus=str(job.spec["gpus"]), tasks=int(job.spec["tasks"]),
                      command=list(job.spec["command"]), tags=dict(job.tags), submitted_at=job.submitted_at,
                      started_at=job.started_at, finished_at=job.finished_at, exit_code=job.exit_code,
-                     reason=api.PendingReasonOut(**job.reason) if job.reason else None)
+                     reason=api.PendingReasonOut(**job.reason) if job.reason else None,
+                     secret_env=list(job.spec.get("secret_env", [])))
     if with_allocations:
         nodes = {n.id: n.name for n in session.scalars(select(Node))}
         rows = session.scalars(select(Allocation).where(Allocation.job_id == job.id).order_by(Allocation.created_at))
@@ -144,6 +194,7 @@ def cancel(session: Session, principal: Principal, job: Job, lifecycle: Lifecycl
     user = session.get(User, job.user_id)
     if not (principal.at_least("project-admin") or (user is not None and user.id == principal.user_id)):
         raise HTTPException(403, "only the job's owner or a project admin can cancel it")
+    failpoint("jobs.before_job_update")
     lifecycle.cancel(session, job)
     return job_out(session, job)
 
@@ -152,6 +203,7 @@ def decide(session: Session, principal: Principal, job: Job, approve: bool, note
     require(principal, "project-admin")
     if job.state != "pending_approval":
         raise HTTPException(409, f"job is {job.state}, not waiting for approval")
+    failpoint("jobs.before_job_update")
     job.state = "pending" if approve else "denied"
     if not approve:
         job.finished_at = datetime.now(job.submitted_at.tzinfo)

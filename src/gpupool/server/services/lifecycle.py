@@ -16,21 +16,25 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol.agent import Stop, TaskStatus
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, Job, JobEvent, QueueRow, utcnow
+from gpupool.server.db.models import Allocation, Job, JobEvent, Node, QueueRow, utcnow
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES
 from gpupool.server.scheduler.binder import OrderSink, released_now
 from gpupool.server.scheduler.cache import ClusterCache
+from gpupool.server.services.metering import aware
 
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
 
 
 class Lifecycle:
     def __init__(self, db: Database, cache: ClusterCache, orders: OrderSink, wake: Callable[[], None],
-                 grace_s: float) -> None:
+                 grace_s: float, fence: Callable[[Session, int], None] | None = None) -> None:
         self.db, self.cache, self.orders, self.wake, self.grace_s = db, cache, orders, wake, grace_s
+        self.fence = fence  # SchedulerLease.fence: node_lost's requeues are scheduler writes
 
     def on_status(self, node_id: str, status: TaskStatus) -> None:
-        """Apply an agent's task report for an allocation placed on `node_id`."""
+        """Apply an agent's task report for an allocation placed on `node_id`. The cache frees an ended
+        allocation's GPUs only after the commit: a refused transaction (disk full, database gone) leaves cache
+        and database agreeing, and the agent re-sends the report, which it did not get acknowledged."""
         with self.db.session() as session:
             allocation = session.get(Allocation, status.allocation_id)
             if allocation is None or allocation.node_id != node_id or allocation.attempt != status.attempt:
@@ -39,8 +43,11 @@ class Lifecycle:
             assert job is not None
             if status.state == "started":
                 self._started(session, allocation, job)
-            else:
-                self._ended(session, allocation, job, status)
+                return
+            released = self._ended(session, allocation, job, status)
+        if released:
+            self.cache.release(allocation.id)
+            self.wake()
 
     def _started(self, session: Session, allocation: Allocation, job: Job) -> None:
         if allocation.state != "starting":
@@ -51,21 +58,21 @@ class Lifecycle:
             job.state, job.started_at = "running", job.started_at or utcnow()
             session.add(JobEvent(job_id=job.id, kind="running", message=f"attempt {job.attempt} started"))
 
-    def _ended(self, session: Session, allocation: Allocation, job: Job, status: TaskStatus) -> None:
+    def _ended(self, session: Session, allocation: Allocation, job: Job, status: TaskStatus) -> bool:
+        """Release the allocation and settle its job; False if it was released already (nothing changed)."""
         if allocation.released_at is not None:
-            return
+            return False
         reason = {"exited": "exited", "failed": "failed", "fenced": "fenced", "refused": "refused"}[status.state]
         released_now(allocation, reason, status.exit_code, session)
-        self.cache.release(allocation.id)
-        self.wake()
         if job.attempt != allocation.attempt or job.state in TERMINAL:
-            return
+            return True
         if status.state in ("fenced", "refused") or allocation.release_reason == "preempted":
             self._requeue(session, job, f"task {allocation.task_index}: {status.state} {status.message}".strip())
         elif status.state == "failed" or (status.exit_code or 0) != 0:
             self._finish(session, job, "failed", status.exit_code)
         elif not self._open(session, job.id, job.attempt):
             self._finish(session, job, "succeeded", 0)
+        return True
 
     def _open(self, session: Session, job_id: str, attempt: int) -> list[Allocation]:
         return list(session.scalars(select(Allocation).where(
@@ -126,23 +133,35 @@ class Lifecycle:
         self.wake()
         return True
 
-    def node_lost(self, node_id: str, last_seen: float | None) -> int:
-        """Release every open allocation of a lost node and requeue its jobs; returns jobs requeued.
+    def node_lost(self, node_id: str, last_seen: float | None, epoch: int | None = None) -> int:
+        """In one transaction: mark the node lost, release every open allocation of it and requeue its jobs;
+        returns jobs requeued. With `epoch` (and a `fence`), the transaction is fenced: `Fenced` is raised and
+        nothing changes when this process no longer leads (RELIABILITY.md I9).
 
-        Billing of a lost attempt ends at the node's last heartbeat (I8): released_at is set to it.
+        Billing of a lost attempt ends at the node's last heartbeat (I8): released_at is set to `last_seen` (Unix
+        seconds, the control plane's clock) or, when None, to the last heartbeat any control plane recorded for it.
         """
-        requeued = 0
+        requeued, released = 0, []
         with self.db.session() as session:
+            if epoch is not None and self.fence is not None:
+                self.fence(session, epoch)
+            node = session.get(Node, node_id)
+            if node is not None:
+                node.state = "lost"
+                if last_seen is None and node.last_seen is not None:
+                    last_seen = aware(node.last_seen).timestamp()
             for allocation in session.scalars(select(Allocation).where(
                     Allocation.node_id == node_id, Allocation.state.in_(OPEN_ALLOCATION_STATES))):
                 released_now(allocation, "lost", None, session)
                 if last_seen is not None:
                     allocation.released_at = _at(last_seen)
-                self.cache.release(allocation.id)
+                released.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
                     self._requeue(session, job, "node lost")
                     requeued += 1
+        for allocation_id in released:  # after the commit: a refused transaction leaves the cache as it was
+            self.cache.release(allocation_id)
         self.wake()
         return requeued
 

@@ -24,6 +24,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Budget, Gpu, Job, LedgerEntry, Node, Price, Project, User
+from gpupool.server.failpoints import failpoint
+from gpupool.server.services import rollup
 
 DEFAULT_CENTS_PER_GPU_HOUR = 100
 GROUPS = ("project", "user", "queue", "model", "job")
@@ -49,7 +51,7 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
     prices = {p.model: p.cents_per_gpu_hour for p in session.scalars(select(Price))}
     nodes = {n.id: n for n in session.scalars(select(Node))}
     models = {(g.node_id, g.index): g.model for g in session.scalars(select(Gpu))}
-    written = 0
+    written: list[LedgerEntry] = []
     rows = session.scalars(select(Allocation).where(Allocation.started_at.is_not(None), or_(
         Allocation.released_at.is_(None), Allocation.metered_until.is_(None),
         Allocation.metered_until < Allocation.released_at)))
@@ -66,15 +68,18 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
         price = prices.get(model, DEFAULT_CENTS_PER_GPU_HOUR)
         for piece_start, piece_end in _period_pieces(start, end, period_s):
             milli_seconds = allocation.gpu_milli * milliseconds(piece_start, piece_end) // 1000
-            session.add(LedgerEntry(
+            entry = LedgerEntry(
                 source_key=f"{allocation.id}:{allocation.attempt}:{piece_start.isoformat()}", org_id=job.org_id,
                 project_id=job.project_id, user_id=job.user_id, queue=job.queue, job_id=job.id,
                 allocation_id=allocation.id, model=model, tags=job.tags, start=piece_start, end=piece_end,
                 gpu_milli=allocation.gpu_milli, gpu_milli_seconds=milli_seconds,
-                cost_micro_cents=cost_micro_cents(milli_seconds, price)))
-            written += 1
+                cost_micro_cents=cost_micro_cents(milli_seconds, price))
+            session.add(entry)
+            written.append(entry)
         allocation.metered_until = end
-    return written
+        failpoint("metering.mid_ledger_batch")
+    rollup.add(session, written)
+    return len(written)
 
 
 def _period_floor(moment: datetime, period_s: int) -> datetime:
@@ -102,38 +107,22 @@ def _billable_end(allocation: Allocation, node: Node | None, now: datetime) -> d
 
 
 def usage(session: Session, principal: Principal, start: datetime, end: datetime, by: str) -> list[dict[str, object]]:
-    """GPU-hours and cost per group between `start` and `end` (entries attributed by their start), summed in SQL."""
+    """GPU-hours and cost per group between `start` and `end` (entries attributed by their start)."""
     require(principal, "viewer")
     if by not in GROUPS and not by.startswith("tag:"):
         raise HTTPException(422, f"by: choose from {', '.join(GROUPS)} or tag:<key>")
-    column = {"project": LedgerEntry.project_id, "user": LedgerEntry.user_id, "queue": LedgerEntry.queue,
-              "model": LedgerEntry.model}.get(by, LedgerEntry.job_id)
-    query = select(LedgerEntry.project_id, column, func.sum(LedgerEntry.gpu_milli_seconds),
-                   func.sum(LedgerEntry.cost_micro_cents), func.count()).where(
-        LedgerEntry.start >= start, LedgerEntry.start < end).group_by(LedgerEntry.project_id, column)
-    if not principal.is_operator:
-        query = query.where(LedgerEntry.org_id == principal.org_id)
     projects = {p.id: p.name for p in session.scalars(select(Project))}
-    names = _names(session, by)
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for project_id, key, milli_seconds, micro, count in session.execute(query):
-        project = projects.get(project_id, "")
-        if not principal.at_least("tenant-admin") and project not in principal.projects:
-            continue
-        label = project if by == "project" else names.get(key, key) if by != "job" else key
-        for i, v in enumerate((int(milli_seconds), int(micro), int(count))):
-            totals[str(label)][i] += v
+    names = {u.id: u.name for u in session.scalars(select(User))} if by == "user" else {}
+    visible = None if principal.at_least("tenant-admin") else [
+        i for i, name in projects.items() if name in principal.projects]
+    org = None if principal.is_operator else principal.org_id
+    sums: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for project_id, key, milli_seconds, micro, count in rollup.totals(session, start, end, by, org, visible):
+        label = projects.get(project_id, "") if by == "project" else names.get(key, key)
+        for i, v in enumerate((milli_seconds, micro, count)):
+            sums[label][i] += v
     return [{"key": k, "gpu_hours": round(v[0] / 1000 / 3600, 6), "cost": round(v[1] / 1e8, 4), "entries": v[2]}
-            for k, v in sorted(totals.items())]
-
-
-def _names(session: Session, by: str) -> dict[str, str]:
-    """How a grouping key reads: user ids become names, job ids become a tag's value (for by=tag:<key>)."""
-    if by == "user":
-        return {u.id: u.name for u in session.scalars(select(User))}
-    if by.startswith("tag:"):
-        return {j.id: str(j.tags.get(by[4:], "")) for j in session.scalars(select(Job))}
-    return {}
+            for k, v in sorted(sums.items())]
 
 
 def statement(session: Session, principal: Principal, project: str, month: str, fmt: str) -> tuple[str, str]:
@@ -170,8 +159,8 @@ def usage_by_job(session: Session, principal: Principal, start: datetime, end: d
     if not principal.is_operator:
         query = query.where(LedgerEntry.org_id == principal.org_id)
     projects = {p.id: p.name for p in session.scalars(select(Project))}
-    return [{"project": projects.get(p, ""), "job": j, "model": m, "gpu_hours": round(s / 1000 / 3600, 6),
-             "cost": round(c / 1e8, 4)} for p, j, m, s, c in session.execute(query)
+    return [{"project": projects.get(p, ""), "job": j, "model": m, "gpu_hours": round(int(s) / 1000 / 3600, 6),
+             "cost": round(int(c) / 1e8, 4)} for p, j, m, s, c in session.execute(query)
             if principal.at_least("tenant-admin") or projects.get(p) in principal.projects]
 
 
@@ -185,15 +174,13 @@ def period_start(period: str, now: datetime) -> datetime:
 
 def budget_use(session: Session, budget: Budget, now: datetime) -> tuple[float, float]:
     """(GPU-hours, cents) spent against a budget in its current period."""
-    query = select(func.coalesce(func.sum(LedgerEntry.gpu_milli_seconds), 0),
-                   func.coalesce(func.sum(LedgerEntry.cost_micro_cents), 0)).where(
-        LedgerEntry.start >= period_start(budget.period, now))
+    start, end = period_start(budget.period, now), rollup.day_of(now) + 2 * rollup.DAY
     if budget.scope == "project":
-        query = query.where(LedgerEntry.project_id.in_(_budget_project(budget)))
+        rows = list(rollup.totals(session, start, end, "project", budget.org_id,
+                                  list(session.scalars(_budget_project(budget)))))
     else:
-        query = query.where(LedgerEntry.queue == budget.name)
-    milli_seconds, micro = session.execute(query).one()
-    return int(milli_seconds) / 1000 / 3600, int(micro) / 1e6
+        rows = [r for r in rollup.totals(session, start, end, "queue") if r[1] == budget.name]
+    return sum(r[2] for r in rows) / 1000 / 3600, sum(r[3] for r in rows) / 1e6
 
 
 def exceeded(budget: Budget, used_hours: float, used_cents: float) -> bool:

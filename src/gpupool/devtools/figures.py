@@ -1,0 +1,92 @@
+"""Figure lines of the reliability tests (RELIABILITY.md §3.3) and the report `make soak` writes.
+
+A test reports each result as ONE line that starts with its test id, `T<digit>` or `S<digit>` (for example
+`T1  kills=10 acked=100 lost=0 ...`), through `figure(line)`: printed, and appended to the file named by
+$GPUPOOL_FIGURES when that is set (pytest captures output; under xdist the file is the only way out).
+
+`python -m gpupool.devtools.figures --out reports/reliability.md --command "make soak" FILE...` collects every
+figure line of the given files (figure files or test logs, in order, duplicates dropped) into a Markdown report
+with the date, the machine and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+ENV = "GPUPOOL_FIGURES"
+SOAK_ENV = "GPUPOOL_SOAK"
+LINE = re.compile(r"^[TS]\d+[a-z]?\s")
+
+
+def soak() -> bool:
+    """Whether this run asks for the full (nightly) counts: GPUPOOL_SOAK=1."""
+    return os.environ.get(SOAK_ENV, "") == "1"
+
+
+def figure(line: str) -> str:
+    """Report one figure line: print it, and append it to $GPUPOOL_FIGURES if set (whole lines, locked, so that
+    parallel test workers never interleave). Returns the line. ValueError if it is not a figure line."""
+    if not LINE.match(line) or "\n" in line:
+        raise ValueError(f"not a figure line (one line starting with T<digit> or S<digit>): {line!r}")
+    print(line, flush=True)
+    target = os.environ.get(ENV)
+    if target:
+        with open(target, "a", encoding="utf-8") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            out.write(line + "\n")
+    return line
+
+
+def collect(texts: Iterable[str]) -> list[str]:
+    """Every figure line of `texts`, in order, each once."""
+    seen: dict[str, None] = {}
+    for text in texts:
+        for raw in text.splitlines():
+            line = raw.rstrip()
+            if LINE.match(line):
+                seen.setdefault(line, None)
+    return list(seen)
+
+
+def machine() -> str:
+    """One line about where the figures were measured."""
+    cpus = os.cpu_count() or 0
+    return (f"{socket.gethostname()}: {platform.system()} {platform.release()} {platform.machine()}, {cpus} CPUs, "
+            f"Python {platform.python_version()}")
+
+
+def report(lines: Sequence[str], command: str, when: str | None = None) -> str:
+    """The Markdown report: when, where and how, then a table of the figure lines (test id, figures). `when`
+    defaults to the current UTC time."""
+    when = when or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows = [f"| {line.split(None, 1)[0]} | `{line.split(None, 1)[1] if ' ' in line else ''}` |" for line in lines]
+    body = "\n".join(rows) if rows else "| - | no figure line was printed |"
+    return (f"# gpupool reliability figures\n\n"
+            f"- date: {when}\n- machine: {machine()}\n- command: `{command}`\n\n"
+            f"| test | figures (RELIABILITY.md §3.3) |\n|---|---|\n{body}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpupool.devtools.figures", description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", type=Path, help="figure files or test logs (missing ones are skipped)")
+    parser.add_argument("--out", type=Path, default=Path("reports/reliability.md"))
+    parser.add_argument("--command", default="make soak")
+    args = parser.parse_args(argv)
+    lines = collect(f.read_text(errors="replace") for f in args.files if f.is_file())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report(lines, args.command))
+    print(f"{len(lines)} figure lines -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

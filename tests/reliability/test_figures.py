@@ -1,0 +1,43 @@
+"""The figure lines of the reliability tests and the soak report (gpupool.devtools.figures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpupool.devtools import figures
+
+
+def test_figure_prints_and_appends_to_the_figures_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]):
+    target = tmp_path / "figures.txt"
+    monkeypatch.setenv(figures.ENV, str(target))
+    lines = ["T1  kills=10 acked=100 (sqlite)", "T10 migrations=2 killed_mid=2 partial=0 refused_half_applied=3/3 (pg)"]
+    for line in lines:
+        assert figures.figure(line) == line
+    assert capsys.readouterr().out.splitlines() == lines
+    assert target.read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("line", ["kills=10", "T1", "X1  a=1", "T1  a=1\nT2  b=2", "details (T1): 5 s"],
+                         ids=["no-id", "id-only", "other-letter", "two-lines", "detail-line"])
+def test_figure_refuses_what_is_not_one_figure_line(line: str):
+    with pytest.raises(ValueError, match="not a figure line"):
+        figures.figure(line)
+
+
+def test_collect_keeps_order_drops_duplicates_and_noise():
+    log = "noise\nT1  kills=10 (sqlite)\n  T2 indented\nS4  ops=3\nT1  kills=10 (sqlite)\nT2a partitions=20\n"
+    assert figures.collect([log, "T1  kills=100 (pg)\n"]) == [
+        "T1  kills=10 (sqlite)", "S4  ops=3", "T2a partitions=20", "T1  kills=100 (pg)"]
+
+
+def test_main_writes_the_report_with_date_machine_and_command(tmp_path: Path):
+    source = tmp_path / "figures.txt"
+    source.write_text("T6  disk_full_events=2 lost=0 partial=0 recover_s=0.01 integrity=ok\n")
+    out = tmp_path / "reports" / "reliability.md"
+    assert figures.main([str(source), str(tmp_path / "missing.log"), "--out", str(out), "--command", "make soak"]) == 0
+    text = out.read_text()
+    assert "| T6 | `disk_full_events=2 lost=0 partial=0 recover_s=0.01 integrity=ok` |" in text
+    assert "- command: `make soak`" in text and "- date: " in text and "CPUs" in text
