@@ -112,3 +112,18 @@ def test_profile_without_queues_is_refused(tmp_path):
     run = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "sim", "replay", "--nodes", "x", "--pods", "y",
                           "--profile", "default"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
+
+
+def test_wait_regressions_count_jobs_later_than_fifo_by_more_than_their_estimate():
+    from gpupool.sim.replay_report import wait_regressions
+
+    def row(policy, job, wait, estimate="100"):
+        return {"trace": "t", "policy": policy, "seed": "1", "job": job, "wait_s": wait, "estimate_s": estimate}
+
+    rows = [row("fifo", "a", "10"), row("fifo", "b", "10"), row("fifo", "c", "10"), row("fifo", "d", ""),
+            row("default", "a", "110"),  # exactly fifo + estimate: allowed
+            row("default", "b", "150"),  # 40 s beyond
+            row("default", "c", ""),  # started under fifo only
+            row("default", "d", "5000")]  # never started under fifo: not comparable
+    assert wait_regressions(rows) == {"t/default/1": {"jobs": 4, "waited_longer_than_fifo_plus_estimate": 1,
+                                                      "started_under_fifo_only": 1, "worst_excess_s": 40.0}}

@@ -225,14 +225,16 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
     samples = [row for s, _, _, _ in results for row in s]
     replay_report.write_csv(out / "results.csv", replay_report.SAMPLE_COLUMNS, samples)
-    replay_report.write_csv(out / "jobs.csv", replay_report.JOB_COLUMNS, [r for _, j, _, _ in results for r in j])
+    job_rows = [r for _, j, _, _ in results for r in j]
+    replay_report.write_csv(out / "jobs.csv", replay_report.JOB_COLUMNS, job_rows)
     if options.queues:
         replay_report.write_csv(out / "queues.csv", replay_report.QUEUE_COLUMNS,
                                 [r for _, _, q, _ in results for r in q])
     runs = [r for _, _, _, r in results]
     document = {"protocol": "replay", "seeds": seeds, "command": command, "tick_s": options.tick_s,
                 "time_scale": options.time_scale, "queues": options.queues,
-                "traces": _mean_summaries(runs), "runs": runs}
+                "traces": _mean_summaries(runs), "runs": runs,
+                "wait_regressions_vs_fifo": replay_report.wait_regressions(job_rows)}
     fill_report.write_summary(out, document)
     images = plots.replay_plots(out, samples)
     plots.write_report(out, "gpupool replay simulation", command, replay_table(document["traces"]), images)

@@ -14,7 +14,7 @@ from gpupool.sim.replay import ReplayRun
 SAMPLE_COLUMNS = ("trace", "policy", "seed", "time_s", "gpu_alloc_pct", "unallocated_gpus", "gfr_pct",
                   "pending_jobs", "running_tasks")
 JOB_COLUMNS = ("trace", "policy", "seed", "job", "queue", "submit_s", "start_s", "end_s", "wait_s", "gpus",
-               "preemptions", "reason_last_pending")
+               "preemptions", "estimate_s", "reason_last_pending")
 
 
 def sample_rows(trace: str, policy: str, seed: int, run: ReplayRun) -> list[dict[str, str]]:
@@ -42,6 +42,7 @@ def job_rows(trace: str, policy: str, seed: int, run: ReplayRun) -> list[dict[st
                                                                              else r.first_start - run.start),
                      "end_s": _opt(None if r.end is None else r.end - run.start), "wait_s": _opt(wait),
                      "gpus": f"{r.gpus_milli / 1000:g}", "preemptions": str(r.preemptions),
+                     "estimate_s": _opt(r.job.estimate_s),
                      "reason_last_pending": r.last_reason.message if r.last_reason and r.first_start is None else ""})
     return rows
 
@@ -120,3 +121,32 @@ def estimate_accuracy(run: ReplayRun) -> dict[str, object]:
     return {"jtted_median": round(float(nearest_rank(ratios, 50)), 3),
             "jtted_under_pct": round(100 * sum(1 for x in ratios if x > 1) / len(ratios), 2),
             "jtted_buckets": histogram(ratios, ESTIMATE_BUCKETS)}
+
+
+def wait_regressions(rows: Sequence[dict[str, str]], baseline: str = "fifo") -> dict[str, dict[str, object]]:
+    """Per (trace, policy, seed) run other than `baseline`: how many jobs waited longer than under `baseline`
+    (same trace and seed) by more than their own runtime estimate, and the worst such excess in seconds.
+    A job that started under the baseline but never under the other run counts as one."""
+    runs: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
+    for row in rows:
+        runs.setdefault((row["trace"], row["policy"], row["seed"]), {})[row["job"]] = row
+    out: dict[str, dict[str, object]] = {}
+    for (trace, policy, seed), jobs in sorted(runs.items()):
+        base = runs.get((trace, baseline, seed))
+        if policy == baseline or base is None:
+            continue
+        late, never, worst = 0, 0, 0.0
+        for job_id, row in jobs.items():
+            ref = base.get(job_id)
+            if ref is None or not ref["wait_s"]:
+                continue
+            if not row["wait_s"]:
+                never += 1
+                continue
+            excess = float(row["wait_s"]) - float(ref["wait_s"]) - float(row["estimate_s"] or 0)
+            if excess > 0:
+                late += 1
+                worst = max(worst, excess)
+        out[f"{trace}/{policy}/{seed}"] = {"jobs": len(jobs), "waited_longer_than_fifo_plus_estimate": late,
+                                           "started_under_fifo_only": never, "worst_excess_s": round(worst, 1)}
+    return out

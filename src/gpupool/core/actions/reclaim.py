@@ -44,18 +44,22 @@ class ReclaimAction(Action):
             return
         left, attempts = self.max_victims, Attempts(self.max_attempts)
         running = cycle.workspace.running_tasks()
+        units = _JobUnits(cycle, running)
+        evictable: list[RunningTask] | None = None  # in victim order, so later sorts of subsequences are linear
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
             if job.queue not in tree.specs or attempts.known_to_fail(job) or not _under_share(cycle, job):
                 continue
-            candidates = [t for t in running if _eligible(cycle, tree, job, t)]
+            if evictable is None:
+                evictable = list(cycle.framework.victims.order_victims(
+                    job, [t for t in running if _evictable(cycle, tree, t)]))
+            candidates = [t for t in evictable if t.queue != job.queue and cycle.workspace.running(t.task_id)]
             if candidates:
-                may_take = _KeepsShare(cycle, tree, job, running)
+                may_take = _KeepsShare(cycle, tree, job, units)
                 evicted = start_by_evicting(cycle, job, candidates, may_take, left, "reclaimed")
                 attempts.record(job, evicted)
                 left -= evicted
-                running = cycle.workspace.running_tasks() if evicted else running
 
 
 def _under_share(cycle: Cycle, job: JobSpec) -> bool:
@@ -64,8 +68,10 @@ def _under_share(cycle: Cycle, job: JobSpec) -> bool:
     return used + demand_units(job, cycle.tree) <= cycle.fair_shares.get(job.queue, 0)
 
 
-def _eligible(cycle: Cycle, tree: QueueTree, job: JobSpec, task: RunningTask) -> bool:
-    if task.queue == job.queue or not task.preemptible or task.task_id not in cycle.snapshot.running:
+def _evictable(cycle: Cycle, tree: QueueTree, task: RunningTask) -> bool:
+    """May any other queue's job reclaim this task (it is preemptible, was running when the cycle began, and
+    has run its queue's minimum)?"""
+    if not task.preemptible or task.task_id not in cycle.snapshot.running:
         return False
     if task.queue not in tree.specs:
         return True
@@ -86,11 +92,8 @@ def diverging_queue(tree: QueueTree, reclaimer: str, victim: str) -> str:
 class _KeepsShare:
     """May this victim be taken for `job`: does its side of the tree keep its allocatable share without it?"""
 
-    def __init__(self, cycle: Cycle, tree: QueueTree, job: JobSpec, running: list[RunningTask]) -> None:
-        self.cycle, self.tree, self.job = cycle, tree, job
-        self.job_units: dict[str, int] = {}  # GPU units of each running job (victims are evicted whole)
-        for t in running:
-            self.job_units[t.job_id] = self.job_units.get(t.job_id, 0) + cycle.workspace.charge_of(t)[GPU_UNITS]
+    def __init__(self, cycle: Cycle, tree: QueueTree, job: JobSpec, units: _JobUnits) -> None:
+        self.cycle, self.tree, self.job, self.units = cycle, tree, job, units
 
     def __call__(self, task: RunningTask) -> bool:
         if task.queue not in self.tree.specs:
@@ -100,5 +103,22 @@ class _KeepsShare:
         share = max(spec.guaranteed[GPU_UNITS], self.cycle.fair_shares.get(side, 0))
         if spec.limit is not None and GPU_UNITS in spec.limit:
             share = min(share, spec.limit[GPU_UNITS])
-        remaining = self.cycle.workspace.usage.get(side, ResourceVector())[GPU_UNITS] - self.job_units[task.job_id]
+        remaining = self.cycle.workspace.usage.get(side, ResourceVector())[GPU_UNITS] - self.units(task.job_id)
         return remaining >= share
+
+
+class _JobUnits:
+    """GPU units each running job holds (victims are evicted whole), computed when first asked: a job's
+    running tasks do not change within the cycle except by eviction, after which it is never asked again."""
+
+    def __init__(self, cycle: Cycle, running: list[RunningTask]) -> None:
+        self.cycle = cycle
+        self.tasks: dict[str, list[RunningTask]] = {}
+        for t in running:
+            self.tasks.setdefault(t.job_id, []).append(t)
+        self.memo: dict[str, int] = {}
+
+    def __call__(self, job_id: str) -> int:
+        if job_id not in self.memo:
+            self.memo[job_id] = sum(self.cycle.workspace.charge_of(t)[GPU_UNITS] for t in self.tasks[job_id])
+        return self.memo[job_id]
