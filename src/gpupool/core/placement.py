@@ -33,11 +33,13 @@ _MEMO_LIMIT = 2_000_000
 
 
 class _ShapeScores:
-    __slots__ = ("scores", "seen")
+    __slots__ = ("scores", "seen", "explained", "explained_at")
 
     def __init__(self, n: int) -> None:
         self.scores = np.full(n, INFEASIBLE, dtype=np.int64)
         self.seen = -1
+        self.explained: list[tuple[str, int]] = []
+        self.explained_at = -1
 
 
 class Placer:
@@ -89,6 +91,10 @@ class Placer:
 
     def scores(self, table: NodeTable, shape: TaskShape) -> np.ndarray:
         """Every node's current combined score for `shape` (read-only view; do not mutate)."""
+        return self._current(table, shape).scores
+
+    def _current(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
+        """The shape's cache entry, brought up to date with the table."""
         caches = table.derived.setdefault(self, {})
         assert isinstance(caches, dict)
         entry = caches.get(shape)
@@ -100,7 +106,7 @@ class Placer:
         for i in indices:
             out[i] = evaluate(kinds[i], states[i], shape)
         entry.seen = table.seq
-        return out
+        return entry
 
     def choose(self, table: NodeTable, shape: TaskShape, rng: random.Random) -> int | None:
         """Index of the node to place `shape` on, or None if no node is feasible."""
@@ -119,8 +125,12 @@ class Placer:
         return self.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
 
     def explain(self, table: NodeTable, shape: TaskShape) -> list[tuple[str, int]]:
-        """Why nodes reject `shape`: (reason, node count) pairs, most common first."""
-        scores = self.scores(table, shape)
-        ids, counts = np.unique(scores[scores < FEASIBLE_MIN] - INFEASIBLE, return_counts=True)
-        pairs = [(self._reasons[int(i)], int(c)) for i, c in zip(ids, counts, strict=True)]
-        return sorted(pairs, key=lambda kv: (-kv[1], kv[0]))
+        """Why nodes reject `shape`: (reason, node count) pairs, most common first (kept until the table
+        changes: many pending jobs of one shape ask in a row)."""
+        entry = self._current(table, shape)
+        if entry.explained_at != table.seq:
+            scores = entry.scores
+            ids, counts = np.unique(scores[scores < FEASIBLE_MIN] - INFEASIBLE, return_counts=True)
+            pairs = [(self._reasons[int(i)], int(c)) for i, c in zip(ids, counts, strict=True)]
+            entry.explained, entry.explained_at = sorted(pairs, key=lambda kv: (-kv[1], kv[0])), table.seq
+        return list(entry.explained)
