@@ -193,7 +193,8 @@ def test_partitioned_agent_self_fences_before_its_node_is_lost(make_cluster, tmp
     if why is not None:
         pytest.skip(f"partition test needs network namespaces: {why}")
     with Veth() as link:
-        cluster: Cluster = make_cluster(server_host="0.0.0.0")
+        # the agent dials the host end of the veth: the channel's certificate must name it
+        cluster: Cluster = make_cluster(server_host="0.0.0.0", GPUPOOL_AGENT_TLS_NAMES=link.host_ip)
         port = cluster.url.rsplit(":", 1)[1]
         cluster.start_agent("cut", prefix=link.prefix, server_url=f"http://{link.host_ip}:{port}")
         for name in ("b", "c"):

@@ -1,8 +1,10 @@
 """S7 of RELIABILITY.md §3.2, the agent channel, against a real control plane over HTTP and WebSocket on loopback.
 
-Nodes are either spoken for by hand (registered over HTTP, then one WebSocket on /api/v1/agent/channel with frames
-written here) or real `gpupool agent` processes with fake GPUs, reached through `Relay`: a man in the middle of the
-channel (which has no TLS yet) that records every frame and can rewrite, delay or misdeliver the orders.
+Nodes are either spoken for by hand (registered over HTTP with a CSR, then one WebSocket on the mTLS channel with
+frames written here) or real `gpupool agent` processes with fake GPUs, reached through `Relay`: a man in the middle of
+the channel that records every frame and can rewrite, delay or misdeliver the orders. mTLS keeps outsiders out of
+the channel, so the relay is an insider: it holds the agent CA's key (its listener certificate) and the agents'
+client certificates; the order signatures must hold even then.
 
 Cases covered (numbers of §3.2 S7):
   3  node A's credential reporting status, logs, running work or idleness for node B's allocation: `Rejected`
@@ -11,13 +13,14 @@ Cases covered (numbers of §3.2 S7):
      change, and a replayed heartbeat does not keep a silent node alive;
   5  a join token used twice: 401;  6  an expired join token: 401;
   7  the agent's pins: `--cp-key-hash` of another key refuses to join; an agent whose pinned order key is not the
-     control plane's refuses every order (the CA pin needs mTLS, not built);
+     control plane's refuses every order; (the CA pin `--ca-hash`: test_agent_mtls.py);
   10 a launch order tampered with on the way, delivered past its expiry, or delivered to another node: refused
      (reported "refused" with the reason), 0 workloads started;
   12 Hypothesis-generated, malformed, binary, deeply nested and oversized frames: rejected, and the control plane
      keeps serving every other agent.
-Not covered: 1, 2, 8, 9 (TLS client certificates: the channel has no mTLS yet) and 11 (secret requests by agents:
-secrets are another piece of work). The figure line `S7  cases=k/12 ...` is printed once per session (see CaseBook).
+Cases 1, 2, 7 (CA pin), 8 and 9 (mTLS) are in test_agent_mtls.py, which marks its parts in the same CaseBook folder.
+Not covered: 11 (secret requests by agents: secrets are another piece of work). The figure line `S7  cases=k/12 ...`
+is printed once per session (see CaseBook), by whichever of the two modules marks the last part.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import os
 import signal
 import sqlite3
+import ssl
 import subprocess
 import threading
 import time
@@ -48,12 +52,16 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from gpupool.agent.tls import ChannelTls
 from gpupool.devtools.figures import figure
+from gpupool.devtools.hand_tls import HandTls, channel_url
 from gpupool.devtools.harness import free_port
 from gpupool.protocol.agent import MAX_FRAME_BYTES, Launch, Stop
 from gpupool.protocol.signing import OrderSigner, OrderVerifier, key_hash
+from gpupool.server.agent_ca import AgentCA
 
 CHANNEL = "/api/v1/agent/channel"
+TLS: dict[str, ssl.SSLContext] = {}  # node credential -> the client context of its certificate (hand nodes)
 LAUNCH_TTL_S = 5.0
 # Nodes spoken for by hand go quiet between tests: never suspect or lost here. Launch orders live LAUNCH_TTL_S.
 ENV = {
@@ -61,9 +69,11 @@ ENV = {
     "GPUPOOL_FENCE_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
     "GPUPOOL_LAUNCH_TTL_S": str(LAUNCH_TTL_S), "GPUPOOL_AUTH_FAILURES_PER_MIN": "1000",
 }
-COVERED = {3: ("foreign",), 4: ("replay", "liveness"), 5: ("join",), 6: ("join",), 7: ("pin_join", "pin_orders"),
+COVERED = {1: ("mtls_no_cert",), 2: ("mtls_other_ca",), 3: ("foreign", "mtls_swapped"), 4: ("replay", "liveness"),
+           5: ("join",), 6: ("join",), 7: ("pin_join", "pin_orders", "mtls_ca_pin"),
+           8: ("mtls_revoked", "mtls_expired"), 9: ("mtls_renewal",),
            10: ("signed", "tampered", "expired", "misdelivered"), 12: ("fuzz", "oversized")}
-NOT_COVERED = (1, 2, 8, 9, 11)
+NOT_COVERED = (11,)
 
 
 # the figure: one line per session, whichever xdist worker finishes the last covered test --------------------------
@@ -98,7 +108,7 @@ class CaseBook:
         passed = [case for case, parts in COVERED.items() if all(marks[p] == ".pass" for p in parts)]
         failed = sorted(set(COVERED) - set(passed))
         figure(f"S7  cases={len(passed)}/12 passed={_ids(passed)} failed={_ids(failed)} "
-               f"not_covered={_ids(NOT_COVERED)} (1,2,8,9: no mTLS yet; 11: no agent secret requests)")
+               f"not_covered={_ids(NOT_COVERED)} (11: no agent secret requests)")
 
 
 def _ids(cases: Any) -> str:
@@ -136,21 +146,26 @@ def join_token(cluster: Cluster, ttl_s: int = 3600) -> str:
     return str(response.json()["token"])
 
 
-def registration(token: str, name: str, gpus: int, model: str) -> dict[str, Any]:
+def registration(token: str, name: str, gpus: int, model: str, csr: str = "") -> dict[str, Any]:
     return {"join_token": token, "name": name, "boot_id": "boot-0", "cpu_milli": 64_000, "memory_mib": 65_536,
+            "csr": csr,
             "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "model": model, "memory_mib": 16_384, "fake": True}
                      for i in range(gpus)]}
 
 
-def register(cluster: Cluster, token: str, name: str, gpus: int = 1, model: str = "Hand") -> httpx.Response:
-    return httpx.post(f"{cluster.url}/api/v1/agent/register", json=registration(token, name, gpus, model), timeout=30)
+def register(cluster: Cluster, token: str, name: str, gpus: int = 1, model: str = "Hand",
+             csr: str = "") -> httpx.Response:
+    return httpx.post(f"{cluster.url}/api/v1/agent/register", json=registration(token, name, gpus, model, csr),
+                      timeout=30)
 
 
 def hand_node(cluster: Cluster, gpus: int = 1, model: str | None = None) -> HandNode:
     name = f"hand-{uuid.uuid4().hex[:8]}"
-    response = register(cluster, join_token(cluster), name, gpus, model or name.replace("-", ""))
+    tls = HandTls()
+    response = register(cluster, join_token(cluster), name, gpus, model or name.replace("-", ""), tls.csr(name))
     assert response.status_code == 200, response.text
     reply = response.json()
+    TLS[reply["credential"]] = tls.context(reply)
     return HandNode(name, reply["node_id"], reply["credential"], reply["order_key"],
                     [f"GPU-{name}-{i}" for i in range(gpus)])
 
@@ -162,7 +177,7 @@ class Hand:
     def __init__(self, url: str, credential: str, first_seq: int = 0) -> None:
         self._stack = contextlib.ExitStack()
         self.ws: ClientConnection = self._stack.enter_context(connect(
-            f"ws{url[4:]}{CHANNEL}", proxy=None, max_size=None,
+            channel_url(url), proxy=None, max_size=None, ssl=TLS[credential],
             additional_headers={"Authorization": f"Bearer {credential}"}))
         self.boot = uuid.uuid4().hex
         self.seqs = itertools.count(first_seq)
@@ -354,13 +369,17 @@ class Relay:
     `misdeliver` send one node's orders to another node's agent instead."""
 
     upstream: str
-    port: int = field(default_factory=free_port)
+    ca_dir: Path  # the control plane's data dir: the relay is an insider with the agent CA's key
+    scratch: Path
+    port: int = field(default_factory=free_port)  # /readyz, pointing agents at tls_port
+    tls_port: int = field(default_factory=free_port)
     rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     delay_s: float = 0.0
     misdeliver: dict[str, str] = field(default_factory=dict)
     down: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (credential, frame) to the agents
     up: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (credential, frame) from the agents
     _agents: dict[str, ServerConnection] = field(default_factory=dict)
+    client_tls: dict[str, ssl.SSLContext] = field(default_factory=dict)  # credential -> the agent's certificate
 
     @property
     def url(self) -> str:
@@ -370,16 +389,25 @@ class Relay:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        async def start() -> Any:
-            return await serve(self._handle, "127.0.0.1", self.port, max_size=None)
+        ca = AgentCA.load_or_create(self.ca_dir)
+        ca.data_dir = self.scratch  # the relay's listener certificate is written there
+        context = ca.server_context("127.0.0.1", "")
 
-        self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(30)
+        async def start() -> Any:
+            return (await serve(self._handle, "127.0.0.1", self.port, process_request=self._readyz),
+                    await serve(self._handle, "127.0.0.1", self.tls_port, max_size=None, ssl=context))
+
+        self._servers = asyncio.run_coroutine_threadsafe(start(), self._loop).result(30)
         return self
+
+    def _readyz(self, connection: ServerConnection, request: Any) -> Any:
+        return connection.respond(200, json.dumps({"status": "ok", "agent_port": self.tls_port}))
 
     def __exit__(self, *exc: object) -> None:
         async def close() -> None:
-            self._server.close()
-            await self._server.wait_closed()
+            for server in self._servers:
+                server.close()
+                await server.wait_closed()
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -392,8 +420,9 @@ class Relay:
         header = agent.request.headers["Authorization"] if agent.request else ""
         credential = header.partition(" ")[2]
         self._agents[credential] = agent
-        url = f"ws{self.upstream[4:]}{CHANNEL}"
-        async with async_connect(url, additional_headers={"Authorization": header}, max_size=None, proxy=None) as cp:
+        url = await asyncio.to_thread(channel_url, self.upstream)
+        async with async_connect(url, additional_headers={"Authorization": header}, max_size=None, proxy=None,
+                                 ssl=self.client_tls[credential]) as cp:
             pumps = [asyncio.create_task(self._upward(agent, cp, credential)),
                      asyncio.create_task(self._downward(cp, credential))]
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
@@ -446,13 +475,16 @@ def _behind(cluster: Cluster, relay: Relay, name: str) -> Agent:
     agent.signal(signal.SIGTERM)
     agent.wait()
     path = agent.data_dir / "node.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "server": relay.url}))
+    identity = json.loads(path.read_text())
+    relay.client_tls[identity["credential"]] = ChannelTls(
+        identity["tls_key"], identity["certificate"], identity["ca_certificate"]).context()
+    path.write_text(json.dumps({**identity, "server": relay.url}))
     return cluster.start_agent(name, agent.fake_gpus, join=False, server_url=relay.url)
 
 
 @pytest.fixture(scope="module")
 def relayed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relayed]:
-    with Relay(cluster.url) as relay:
+    with Relay(cluster.url, cluster.server.data_dir, tmp_path_factory.mktemp("relay")) as relay:
         suffix = uuid.uuid4().hex[:6]
         a, b = _behind(cluster, relay, f"RelayA{suffix}"), _behind(cluster, relay, f"RelayB{suffix}")
         identities = {x.name: json.loads((x.data_dir / "node.json").read_text()) for x in (a, b)}

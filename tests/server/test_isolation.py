@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from gpupool.devtools.hand_tls import HandTls, channel_url
 from gpupool.devtools.harness import Postgres, Server, free_port, start_server, stop_server
 
 API = "/api/v1"
@@ -116,6 +118,7 @@ class World:
     node: str  # two GPUs: A's and B's placed jobs hold one each
     spare: str  # no GPUs: operators cordon and uncordon it
     agent: str  # the node credential of `node`
+    agent_tls: ssl.SSLContext | None = None  # the client context of its channel certificate
     clients: dict[str | None, httpx.Client] = field(default_factory=dict)
     a_state: dict[str, Any] = field(default_factory=dict)  # A's state after the last S1 case (see _snapshot)
 
@@ -180,16 +183,19 @@ def _jobs(admin: httpx.Client, t: Tenant) -> None:
     t.ids |= {t.job, t.held, _ok(admin.post("/budgets", json=budget), 201)["id"]}
 
 
-def _register(op: httpx.Client, name: str, gpus: int) -> str:
-    """Join a node (it never opens its channel); its credential."""
+def _register(op: httpx.Client, name: str, gpus: int, tls: HandTls | None = None) -> dict[str, Any]:
+    """Join a node (with `tls`'s CSR when given: it may open its channel); the registration reply."""
     join = _ok(op.post("/join-tokens", json={}), 201)["token"]
-    return _ok(op.post("/agent/register", json=registration(join, name, gpus)))["credential"]
+    return dict(_ok(op.post("/agent/register", json={**registration(join, name, gpus),
+                                                       "csr": tls.csr() if tls else ""})))
 
 
 def _build(server: Server) -> World:
     w = World(server, Tenant("acme"), Tenant("globex"), "gpu-1", "spare-1", "")
     w.a, w.b = _tenant(w.operator, "acme"), _tenant(w.operator, "globex")
-    w.agent = _register(w.operator, w.node, gpus=2)
+    tls = HandTls()
+    reply = _register(w.operator, w.node, gpus=2, tls=tls)
+    w.agent, w.agent_tls = reply["credential"], tls.context(reply)
     _register(w.operator, w.spare, gpus=0)
     for t in (w.a, w.b):
         _jobs(w.as_(t.tokens["tenant-admin"]), t)
@@ -217,7 +223,7 @@ def _run_placed_jobs(w: World) -> None:
     def frame(kind: str, **fields: Any) -> str:
         return json.dumps({"type": kind, "boot_id": "boot", "seq": next(seq), **fields})
 
-    with connect(f"ws{w.server.url[4:]}{API}/agent/channel", proxy=None,
+    with connect(channel_url(w.server.url), proxy=None, ssl=w.agent_tls,
                  additional_headers={"Authorization": f"Bearer {w.agent}"}) as ws:
         ws.send(frame("hello", running=[]))
         launches: dict[str, dict[str, Any]] = {}
@@ -557,11 +563,13 @@ def test_a_tenant_admin_cannot_mint_or_revoke_an_operators_token(world: World) -
 
 def test_only_a_node_credential_opens_the_agent_channel(world: World) -> None:
     """The one WebSocket of the API: a user's token (B's tenant admin, or the operator's) is refused."""
-    url = f"ws{world.server.url[4:]}{API}/agent/channel"
-    for token in (world.b.tokens["tenant-admin"], world.server.token, "gp_0000000000_forged"):
+    url = channel_url(world.server.url)  # with the node's own client certificate: the credential decides
+    for token, status in ((world.b.tokens["tenant-admin"], 403), (world.server.token, 403),
+                          ("gp_0000000000_forged", 401)):
         with pytest.raises(InvalidStatus) as refused:
-            connect(url, proxy=None, additional_headers={"Authorization": f"Bearer {token}"}).close()
-        assert refused.value.response.status_code == 403
+            connect(url, proxy=None, ssl=world.agent_tls,
+                    additional_headers={"Authorization": f"Bearer {token}"}).close()
+        assert refused.value.response.status_code == status
 
 
 def test_the_same_names_in_two_tenants_do_not_collide(world: World) -> None:

@@ -173,17 +173,17 @@ def test_the_audit_table_refuses_updates_and_deletes(launch: Any, backend: str) 
 
 
 def test_the_audit_row_costs_one_insert(tmp_path: Path) -> None:
-    """The middleware's write on a SQLite file (synchronous=FULL), timed: a figure for the report, and a bound."""
-    from gpupool.server.services.audit import writer
+    """The middleware's write of one row on a SQLite file (synchronous=FULL), timed: a figure for the report, and a
+    bound (rows of concurrent requests share one such write)."""
+    from gpupool.server.services.audit import write
 
     db = Database(f"sqlite:///{tmp_path / 'a.db'}")
     migrate(db.url)
-    write = writer(db)
     entry = {"request_id": "r", "actor_kind": "user", "actor": "u", "method": "POST", "route": "/api/v1/jobs",
              "status": 201, "source": "127.0.0.1"}
     start = time.perf_counter()
     for _ in range(200):
-        write(entry)
+        write(db, [entry])
     mean_ms = (time.perf_counter() - start) / 200 * 1000
     print(f"audit insert: {mean_ms:.2f} ms mean over 200 (SQLite, synchronous=FULL)")
     assert mean_ms < 50

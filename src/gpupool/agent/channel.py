@@ -1,18 +1,22 @@
 """The agent's side of the control-plane protocol (gpupool.protocol.agent): registration, then ONE outbound channel.
 
-`register()` trades a join token for a node credential over HTTP. `Channel` keeps a WebSocket to
-`/api/v1/agent/channel` (header `Authorization: Bearer <credential>`), and on every (re)connect:
+`register()` trades a join token (and a CSR) for a node credential and a client certificate over HTTP. `Channel`
+keeps a WebSocket to `/api/v1/agent/channel` on the control plane's TLS 1.3 agent port, learnt from `/readyz` before
+every connect (`locate_channel`), presenting the node certificate (mTLS, the CA pinned at registration) and the
+header `Authorization: Bearer <credential>`; on every (re)connect it:
 
 1. sends `Hello` listing the workloads it has (so the control plane can reconcile);
 2. re-sends every unacknowledged task status and log chunk, renumbered (see `Outbox`);
 3. sends a `Heartbeat` with GPU telemetry and idle GPUs every `heartbeat_s` (±20 % jitter);
 4. handles `Launch` (checked by `check_order`: signed by the pinned control-plane key, for this node, fresh;
    idempotent), `Stop` (SIGTERM, grace, SIGKILL; signed too), `Ack` and `Rejected` (a frame the control plane
-   refused to apply: dropped, like an acked one, and logged).
+   refused to apply: dropped, like an acked one, and logged), and `Certificate` (a renewed client certificate);
+5. past 2/3 of its certificate's lifetime, sends `Renew` with a CSR for a fresh key (gpupool.agent.tls.Renewal).
 
 Across connections it polls workloads and tails their logs every `tick_s`, reconnects with full-jitter exponential
-backoff, and SELF-FENCES: after `fence_s` without any frame from the control plane it stops every workload and
-reports them "fenced" once it is back (RELIABILITY.md §4.2). Every frame from the control plane also renews the
+backoff (at most a heartbeat apart until the fence fires: `timing.reconnect_delay`), and SELF-FENCES: after
+`fence_s` without any frame from the control plane it stops every workload and reports them "fenced" once it is
+back (RELIABILITY.md §4.2). Every frame from the control plane also renews the
 runtime's lease, so the runtime's watchdog fences the workloads on its own when this agent dies or hangs. Stopping
 the channel (agent shutdown) leaves the workloads running, to be adopted by the next agent process, which must reach
 the control plane within `fence_s` of the last frame this one heard.
@@ -25,8 +29,9 @@ import contextlib
 import json
 import logging
 import random
+import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,28 +54,33 @@ from gpupool.agent.timing import (
     Backoff,
     FenceTimer,
     jittered,
+    reconnect_delay,
 )
+from gpupool.agent.tls import Renewal
 from gpupool.agent.workloads import Workloads
 from gpupool.protocol.agent import (
     MAX_FRAME_BYTES,
     Ack,
+    Certificate,
     Heartbeat,
     Hello,
     Launch,
     Registration,
     RegistrationReply,
     Rejected,
+    Renew,
     ServerFrame,
     Stop,
 )
 from gpupool.protocol.devices import GpuInfo, GpuTelemetry
 from gpupool.protocol.signing import OrderVerifier, hash_matches, key_hash
+from gpupool.protocol.tls import ca_hash, ca_hash_matches
 
 log = logging.getLogger(__name__)
 
 REGISTER_PATH = "/api/v1/agent/register"
 CHANNEL_PATH = "/api/v1/agent/channel"
-SERVER_FRAMES: TypeAdapter[Launch | Stop | Ack | Rejected] = TypeAdapter(ServerFrame)
+SERVER_FRAMES: TypeAdapter[Launch | Stop | Ack | Rejected | Certificate] = TypeAdapter(ServerFrame)
 
 
 class RegistrationError(RuntimeError):
@@ -103,13 +113,15 @@ def register(
     *,
     timeout_s: float = 10.0,
     key_pin: str | None = None,
+    ca_pin: str | None = None,
 ) -> RegistrationReply:
     """POST `registration` to `{server}/api/v1/agent/register` and return the reply.
 
     Raises `RegistrationError` carrying the server's own message on an HTTP error, and on an unreachable server
     or a malformed reply; also (not retryable) when `key_pin` ("sha256:<hex>", given to the operator by the
-    control plane) is not the hash of the order key in the reply: that is not our control plane (the join token is
-    spent all the same). `transport` lets tests answer without a network.
+    control plane) is not the hash of the order key in the reply, or `ca_pin` not the hash of its agent CA (printed
+    by `gpupool join-token create`): that is not our control plane (the join token is spent all the same); and when
+    a CSR was sent but no certificate came back. `transport` lets tests answer without a network.
     """
     url = endpoint(server_url, REGISTER_PATH)
     try:
@@ -132,7 +144,36 @@ def register(
             f"the control plane at {url} signs with key {_safe_hash(reply.order_key)}, not the pinned {key_pin}: "
             "refusing to join it"
         )
+    if ca_pin and not ca_hash_matches(reply.ca_certificate, ca_pin):
+        raise RegistrationError(
+            f"the control plane at {url} has agent CA {_safe_ca_hash(reply.ca_certificate)}, not the pinned "
+            f"{ca_pin}: refusing to join it"
+        )
+    if registration.csr and not (reply.certificate and reply.ca_certificate):
+        raise RegistrationError(f"the control plane at {url} issued no channel certificate")
     return reply
+
+
+def _safe_ca_hash(ca_pem: str) -> str:
+    try:
+        return ca_hash(ca_pem)
+    except ValueError:
+        return "(none or malformed)"
+
+
+async def locate_channel(server_url: str, transport: httpx.AsyncBaseTransport | None = None,
+                         timeout_s: float = 10.0) -> str:
+    """The channel's wss URL: the host of `server_url` and the agent port the control plane reports in /readyz.
+    Raises httpx.HTTPError or ValueError when it cannot say (the caller backs off and retries)."""
+    async with httpx.AsyncClient(transport=transport, timeout=timeout_s) as client:
+        response = await client.get(endpoint(server_url, "/readyz"))
+    response.raise_for_status()
+    port = int(response.json().get("agent_port") or 0)
+    if not 0 < port < 65536:
+        raise ValueError(f"{server_url} reports no agent port yet")
+    host = urlsplit(server_url).hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"wss://{host}:{port}{CHANNEL_PATH}"
 
 
 def _safe_hash(public_key: str) -> str:
@@ -167,10 +208,12 @@ class Connection(Protocol):
 Connector = Callable[[str, dict[str, str]], AbstractAsyncContextManager[Connection]]
 
 
-def websocket_connector(*, open_timeout_s: float = 10.0, ping_s: float = 10.0) -> Connector:
+def websocket_connector(*, open_timeout_s: float = 10.0, ping_s: float = 10.0,
+                        tls: Callable[[], ssl.SSLContext] | None = None) -> Connector:
     """The real connector: `websockets` (imported on first use), frames capped at MAX_FRAME_BYTES, keepalive pings
     every `ping_s` and a close handshake bounded by `ping_s`, so a dead TCP connection is noticed and left within
-    about 3 * ping_s; HTTP 401/403 on the handshake raise CredentialRejected."""
+    about 3 * ping_s; HTTP 401/403 on the handshake raise CredentialRejected. `tls` gives the client context for
+    each connection (the node certificate may have been renewed since the last)."""
 
     @asynccontextmanager
     async def connect(url: str, headers: dict[str, str]) -> AsyncIterator[Connection]:
@@ -180,6 +223,7 @@ def websocket_connector(*, open_timeout_s: float = 10.0, ping_s: float = 10.0) -
         try:
             async with ws_connect(
                 url,
+                ssl=tls() if tls is not None else None,
                 additional_headers=headers,
                 open_timeout=open_timeout_s,
                 ping_interval=ping_s,
@@ -230,7 +274,8 @@ class Channel:
     """One agent boot's connection to the control plane; see the module docstring for the behaviour.
 
     `clock` (monotonic) drives fencing, `wall_clock` order expiry (corrected to the control plane's clock at every
-    handshake: `server_clock`), `rng` backoff and heartbeat jitter; `connect` replaces the WebSocket connector.
+    handshake: `server_clock`), `rng` backoff and heartbeat jitter; `connect` replaces the WebSocket connector and
+    `locate` says where to connect (default: `config.url`). `renewal` keeps the node certificate fresh (mTLS).
     `adopted` are the handles `runtime.adopt()` found at start.
     """
 
@@ -245,6 +290,8 @@ class Channel:
         wall_clock: Clock | None = None,
         rng: random.Random | None = None,
         connect: Connector | None = None,
+        locate: Callable[[], Awaitable[str]] | None = None,
+        renewal: Renewal | None = None,
     ) -> None:
         self._config = config
         self._runtime = runtime
@@ -252,6 +299,8 @@ class Channel:
         self._clock = clock if clock is not None else MonotonicClock()
         self._rng = rng if rng is not None else random.Random()
         self._connect = connect if connect is not None else websocket_connector(ping_s=min(20.0, config.fence_s / 4))
+        self._locate = locate
+        self.renewal = renewal
         self._wake = asyncio.Event()
         self.outbox = Outbox(config.boot_id, on_put=self._wake.set)
         self.server_clock = ServerClock(wall_clock if wall_clock is not None else WallClock())
@@ -279,8 +328,8 @@ class Channel:
             while not stop.is_set():
                 await self._connect_once(stop)
                 if not stop.is_set():
-                    delay = self.backoff.next_delay()
-                    log.info("reconnecting to %s in %.2f s", self._config.url, delay)
+                    delay = reconnect_delay(self.backoff, self.fence_timer, self._config.heartbeat_s, self._rng)
+                    log.info("reconnecting to %s in %.2f s", self._config.server_url, delay)
                     await _wait(stop, delay)
         finally:
             maintain.cancel()
@@ -290,8 +339,10 @@ class Channel:
         """Apply one frame from the control plane (any valid frame also counts as word from it for fencing)."""
         try:
             frame = SERVER_FRAMES.validate_json(raw)
-        except ValidationError as exc:
-            log.warning("ignoring a malformed frame from the control plane: %s", str(exc)[:300])
+        except ValidationError:
+            # never the frame itself nor pydantic's message (it quotes input): a launch order carries secret env values
+            log.warning("ignoring a malformed frame from the control plane: type %s, %d bytes", _frame_type(raw),
+                        len(raw))
             return
         self.fence_timer.heard()
         self._renew_lease()
@@ -303,6 +354,11 @@ class Channel:
             self.workloads.on_acked(self.outbox.ack(frame.seq))
         elif isinstance(frame, Launch):
             self.workloads.on_launch(frame)
+        elif isinstance(frame, Certificate):
+            if self.renewal is None or not self.renewal.accept(frame.certificate):
+                log.warning("ignoring a certificate from the control plane that was not asked for or does not fit")
+            else:
+                log.info("channel certificate renewed (valid until %s)", self.renewal.tls.validity[1])
         else:
             handle = self.workloads.on_stop(frame)
             if handle is not None:
@@ -332,15 +388,18 @@ class Channel:
 
     async def _connect_once(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self._config.credential}"}
+        if self.renewal is not None and self.renewal.expired():
+            raise CredentialRejected(f"this node's channel certificate expired at {self.renewal.tls.validity[1]}")
         try:
-            async with self._connect(self._config.url, headers) as conn:
+            url = await self._locate() if self._locate is not None else self._config.url
+            async with self._connect(url, headers) as conn:
                 response = getattr(conn, "response", None)  # websockets: the handshake's HTTP response
                 self.server_clock.sync(response.headers.get("date") if response is not None else None)
                 await self._serve(conn, stop)
         except CredentialRejected:
             raise
         except Exception as exc:  # any failure of one connection means: back off and reconnect
-            log.warning("channel to %s lost: %s: %s", self._config.url, type(exc).__name__, exc)
+            log.warning("channel to %s lost: %s: %s", self._config.server_url, type(exc).__name__, exc)
         finally:
             self.connected = False
             self.outbox.requeue()
@@ -396,9 +455,17 @@ class Channel:
             try:
                 self.workloads.tick(connected=self.connected)
                 self.check_fence()
+                self._renew_certificate()
             except Exception:  # one bad tick must not end fencing and reporting
                 log.exception("workload tick failed")
             await asyncio.sleep(self._config.tick_s)
+
+    def _renew_certificate(self) -> None:
+        """While connected and the certificate is due: ask for a new one (unreliable: asked again if none comes)."""
+        csr = self.renewal.request() if self.renewal is not None and self.connected else None
+        if csr is not None:
+            log.info("renewing the channel certificate (valid until %s)", self.renewal.tls.validity[1])  # type: ignore[union-attr]
+            self.outbox.put(Renew(boot_id=self._config.boot_id, seq=0, csr=csr), reliable=False)
 
     def _stop_in_background(self, handle: RunHandle, grace_s: float) -> None:
         task = asyncio.create_task(self._stop(handle, grace_s))
@@ -410,6 +477,15 @@ class Channel:
             await asyncio.to_thread(self._runtime.stop, handle, grace_s)
         except Exception:  # reported by the next poll; keep the agent alive
             log.exception("stopping %s failed", handle.key)
+
+
+def _frame_type(raw: str | bytes) -> str:
+    """The `type` of a frame for a log line: a short word, or "?" (not JSON, no such field, or an odd value)."""
+    try:
+        kind = json.loads(raw).get("type")
+    except (ValueError, AttributeError, RecursionError):
+        return "?"
+    return kind if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 32 else "?"
 
 
 def node_gpu_uuids(gpus: Sequence[GpuInfo]) -> set[str]:

@@ -5,7 +5,10 @@
     node.json        node id, credential, heartbeat_s, fence_s, kill_grace_s and the control plane's order key from
                      registration (0600); it means "registered": a restarted agent reuses it and never spends a join
                      token again. The order key is PINNED here: orders not signed by it are refused (a node.json
-                     without one, from before signed orders, is refused too: register the node again)
+                     without one, from before signed orders, is refused too: register the node again). It also
+                     keeps the channel's TLS identity: the node's private key (made here, never sent), its client
+                     certificate (renewed over the channel) and the agent CA certificate, the only one trusted for
+                     the channel (pinned with `ca_hash` at registration when given)
     epoch            the highest control-plane epoch seen (stale orders stay refused across restarts)
     workloads/       the runtime's per-workload folders (state, exit code, log)
 
@@ -13,8 +16,9 @@ Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITH
 agent process adopts them, provided it reaches the control plane within `fence_s` of the last frame this one heard;
 past that, each workload's watchdog stops it (see runtime/process.py), as the control plane may requeue it elsewhere.
 Exit codes: 0 after a signal, 2 for bad configuration or a refused registration (also: the control plane's key is
-not the one pinned with `cp_key_hash`), 3 when the control plane rejects the saved credential or node.json pins no
-order key.
+not the one pinned with `cp_key_hash`, or its CA not the one pinned with `ca_hash`), 3 when the control plane
+rejects the saved credential or certificate (revoked, expired), or node.json pins no order key or holds no
+certificate.
 """
 
 from __future__ import annotations
@@ -28,14 +32,24 @@ import re
 import signal
 import socket
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
-from gpupool.agent.channel import Channel, ChannelConfig, CredentialRejected, RegistrationError, register
+from gpupool.agent.channel import (
+    Channel,
+    ChannelConfig,
+    CredentialRejected,
+    RegistrationError,
+    locate_channel,
+    register,
+    websocket_connector,
+)
 from gpupool.agent.clock import WallClock
 from gpupool.agent.devices import DeviceDiscovery, open_discovery
 from gpupool.agent.runtime.container import open_runtime
 from gpupool.agent.timing import DEFAULT_KILL_GRACE_S, Backoff, reconnect_cap_s
+from gpupool.agent.tls import ChannelTls, Renewal, csr_for, new_key
 from gpupool.protocol.agent import Registration
 
 log = logging.getLogger(__name__)
@@ -58,6 +72,15 @@ class NodeIdentity:
     fence_s: float
     kill_grace_s: float = DEFAULT_KILL_GRACE_S
     order_key: str = ""
+    tls_key: str = ""
+    certificate: str = ""
+    ca_certificate: str = ""
+
+    @property
+    def tls(self) -> ChannelTls | None:
+        if not (self.tls_key and self.certificate and self.ca_certificate):
+            return None
+        return ChannelTls(self.tls_key, self.certificate, self.ca_certificate)
 
 
 def load_identity(data_dir: Path, server: str) -> NodeIdentity | None:
@@ -128,11 +151,13 @@ async def obtain_identity(
     registration: Registration | None,
     stop: asyncio.Event,
     key_pin: str | None = None,
+    ca_pin: str | None = None,
 ) -> NodeIdentity | None:
     """The saved identity, else register (retrying network errors and 5xx with backoff until `stop`) and save it.
+    Registering makes the node's key here and sends only a CSR for it.
 
-    Raises RegistrationError for a refused registration or a control-plane key that does not match `key_pin`,
-    ValueError when there is nothing to register with. Returns None when `stop` was set first.
+    Raises RegistrationError for a refused registration or a control-plane key or CA that does not match `key_pin`
+    or `ca_pin`, ValueError when there is nothing to register with. Returns None when `stop` was set first.
     """
     saved = load_identity(data_dir, server)
     if saved is not None:
@@ -140,9 +165,11 @@ async def obtain_identity(
     if registration is None or not join_token:
         raise ValueError(f"this node is not registered with {server}: give a join token")
     backoff = Backoff(random.Random())
+    key = new_key()
+    registration = registration.model_copy(update={"csr": csr_for(key, registration.name)})
     while not stop.is_set():
         try:
-            reply = await asyncio.to_thread(register, server, registration, key_pin=key_pin)
+            reply = await asyncio.to_thread(register, server, registration, key_pin=key_pin, ca_pin=ca_pin)
         except RegistrationError as exc:
             if not exc.retryable:
                 raise
@@ -152,7 +179,7 @@ async def obtain_identity(
             continue
         identity = NodeIdentity(
             server, registration.name, reply.node_id, reply.credential, reply.heartbeat_s, reply.fence_s,
-            reply.kill_grace_s, reply.order_key,
+            reply.kill_grace_s, reply.order_key, key, reply.certificate, reply.ca_certificate,
         )
         save_identity(data_dir, identity)
         log.info("registered as node %s (%s)", identity.node_id, identity.name)
@@ -168,12 +195,13 @@ def run_agent(
     fake_gpus: str | None,
     heartbeat_s: float | None = None,
     cp_key_hash: str | None = None,
+    ca_hash: str | None = None,
 ) -> int:
     """Run the node agent until SIGTERM/SIGINT; see the module docstring for files and exit codes.
 
     `fake_gpus` is a FakeDiscovery spec ("" for a GPU-less node); None means real GPUs through NVML.
     `heartbeat_s` overrides the control plane's heartbeat interval. `cp_key_hash` ("sha256:<hex>") pins the
-    control plane's order key at registration.
+    control plane's order key at registration, `ca_hash` ("sha256:<hex>") its agent CA.
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -182,7 +210,8 @@ def run_agent(
     node_name = name or default_node_name()
     try:
         with open_discovery(fake_gpus, node=node_name) as discovery:
-            return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s, cp_key_hash))
+            return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s, cp_key_hash,
+                                      ca_hash))
     except (RegistrationError, ValueError) as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
@@ -196,15 +225,21 @@ async def _agent(
     discovery: DeviceDiscovery,
     heartbeat_s: float | None,
     cp_key_hash: str | None = None,
+    ca_hash: str | None = None,
 ) -> int:
     stop = _stop_on_signals()
     boot_id = new_boot_id()
     registration = build_registration(join_token, name, boot_id, discovery) if join_token else None
-    identity = await obtain_identity(server, join_token, data_dir, registration, stop, cp_key_hash)
+    identity = await obtain_identity(server, join_token, data_dir, registration, stop, cp_key_hash, ca_hash)
     if identity is None:
         return EXIT_OK
     if not identity.order_key:
         log.error("%s pins no control-plane order key (saved before orders were signed): remove it and register "
+                  "again with a new join token", data_dir / NODE_FILE)
+        return EXIT_CREDENTIAL
+    tls = identity.tls
+    if tls is None:
+        log.error("%s holds no channel certificate (saved before the channel used mTLS): remove it and register "
                   "again with a new join token", data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s)
@@ -226,12 +261,22 @@ async def _agent(
     )
     try:
         skew_s = float(os.environ.get("GPUPOOL_TEST_CLOCK_SKEW_S", "0"))  # tests of clock skew (RELIABILITY.md T4)
-        await Channel(config, runtime, discovery, adopted=adopted, wall_clock=WallClock(skew_s)).run(stop)
+        renewal = Renewal(tls, identity.name, now=lambda: channel.server_clock.now(),
+                          on_renewed=partial(_save_renewed, data_dir, identity), scratch=data_dir)
+        channel = Channel(config, runtime, discovery, adopted=adopted, wall_clock=WallClock(skew_s),
+                          connect=websocket_connector(ping_s=min(20.0, config.fence_s / 4), tls=renewal.context),
+                          locate=partial(locate_channel, server), renewal=renewal)
+        await channel.run(stop)
     except CredentialRejected as exc:
         log.error("%s; remove %s and register again with a new join token", exc, data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     log.info("agent stopped; workloads keep running and will be adopted by the next agent")
     return EXIT_OK
+
+
+def _save_renewed(data_dir: Path, identity: NodeIdentity, tls: ChannelTls) -> None:
+    """Keep a renewed certificate (and the key it is for) in node.json."""
+    save_identity(data_dir, replace(identity, tls_key=tls.key, certificate=tls.certificate))
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpupool.protocol.agent import Heartbeat, LogChunk, TaskStatus
+from gpupool.protocol.agent import Heartbeat, LogChunk, Renew, TaskStatus
 
-OutFrame = Heartbeat | TaskStatus | LogChunk
+OutFrame = Heartbeat | TaskStatus | LogChunk | Renew
 
 
 @dataclass(slots=True)

@@ -297,3 +297,5 @@ def join_token_create(ttl: int = typer.Option(3600, min=60, max=86400, help="sec
         show(out, True)
     else:
         console.print(f"{out['token']}\n(single use, expires {out['expires_at']})")
+        if out.get("ca_hash"):
+            console.print(f"pin the control plane on the node with: --ca-hash {out['ca_hash']}")

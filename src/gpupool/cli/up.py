@@ -38,12 +38,15 @@ def agent(server_url: str = typer.Option(..., "--server", help="control plane UR
           name: str | None = typer.Option(None, help="node name (default: host name)"),
           fake_gpus: str | None = typer.Option(None, help="declare FAKE GPUs, e.g. 8xH100-80GB (no real GPU)"),
           cp_key_hash: str | None = typer.Option(None, help="sha256:<hex> of the control plane's order key "
-                                                            "(line 2 of its DATA_DIR/order-signing.pub)")) -> None:
-    """Run a node agent: discovers GPUs, dials out to the control plane, runs granted work."""
+                                                            "(line 2 of its DATA_DIR/order-signing.pub)"),
+          ca_hash: str | None = typer.Option(None, help="sha256:<hex> of the control plane's agent CA key (printed "
+                                                        "by `gpupool join-token create`); refuse to join another")
+          ) -> None:
+    """Run a node agent: discovers GPUs, dials out to the control plane (mTLS), runs granted work."""
     from gpupool.agent.main import run_agent
 
     raise typer.Exit(run_agent(server_url, join_token, data_dir, name or os.uname().nodename, fake_gpus,
-                               cp_key_hash=cp_key_hash))
+                               cp_key_hash=cp_key_hash, ca_hash=ca_hash))
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
@@ -78,8 +81,8 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
         agent_args = [*exe, "agent", "--server", url, "--data-dir", str(data_dir / "agent"), "--name", "local"]
         if not (data_dir / "agent" / "node.json").exists():
             join = httpx.post(f"{url}/api/v1/join-tokens", json={"ttl_s": 600},
-                              headers={"Authorization": f"Bearer {token}"}, timeout=10).json()["token"]
-            agent_args += ["--join-token", join]
+                              headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+            agent_args += ["--join-token", join["token"], "--ca-hash", join["ca_hash"]]
         if fake_gpus:
             agent_args += ["--fake-gpus", fake_gpus]
         children.append(subprocess.Popen(agent_args, stdout=open(logs / "agent.log", "ab"),  # noqa: SIM115

@@ -132,9 +132,11 @@ def stable_port() -> int:
 
 # Tests and benchmarks drive the API far harder than a person or a script would (hundreds of requests a second
 # from one token, bursts of refused tokens from loopback): the API guard's limits are lifted for them, unless the
-# caller's environment or `env` sets them (the S5/S6 tests set low ones).
+# caller's environment or `env` sets them (the S5/S6 tests set low ones). The agent channel listens on a free port
+# (agents learn it from /readyz at each connect), as API port + 1 may be another test's.
 TEST_LIMITS = {"GPUPOOL_RATE_LIMIT_PER_S": "1000000", "GPUPOOL_RATE_LIMIT_BURST": "1000000",
-               "GPUPOOL_AUTH_FAILURES_PER_MIN": "1000000", "GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "1000000"}
+               "GPUPOOL_AUTH_FAILURES_PER_MIN": "1000000", "GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "1000000",
+               "GPUPOOL_AGENT_PORT": "0"}
 
 
 def spawn_server(data_dir: Path, port: int, database_url: str | None = None,

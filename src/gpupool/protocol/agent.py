@@ -9,7 +9,13 @@ refuses expired orders and orders from an older epoch than one it has seen. Laun
 the node they are for and are signed by the control plane (gpupool.protocol.signing); the agent pins the
 control plane's public key from its `RegistrationReply` and refuses an order that does not verify or names
 another node. The control plane answers a frame it refuses to apply (a report about another node's
-allocation) with `Rejected` instead of `Ack`.
+allocation, or a task status about a closed attempt) with `Rejected` instead of `Ack`.
+
+Transport (RELIABILITY.md §4.2): registration goes over the API; the channel is served on a separate TLS 1.3
+listener that requires a client certificate from the control plane's agent CA. The agent makes its key itself and
+sends a CSR (PEM) with its registration; the reply carries its certificate (subject CN = node id) and the CA
+certificate, which the agent may pin (gpupool.protocol.tls.ca_hash). Before its certificate reaches 2/3 of its
+lifetime the agent sends `Renew` (a new CSR) over the live channel and gets `Certificate` back.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class Registration(_Frame):
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
     site: str = Field(default="", max_length=64)
     rack: str = Field(default="", max_length=64)
+    csr: str = Field(default="", max_length=8192, description="PEM certificate request for the channel's client "
+                                                             "certificate; without one the node cannot open it")
     protocol: int = PROTOCOL_VERSION
 
 
@@ -47,6 +55,9 @@ class RegistrationReply(_Frame):
     fence_s: float
     kill_grace_s: float = 10.0
     order_key: str = Field(min_length=1, description="the control plane's Ed25519 public key (base64) for orders")
+    certificate: str = Field(default="", description="PEM client certificate for the channel (when a CSR was sent)")
+    ca_certificate: str = Field(default="", description="PEM certificate of the agent CA (pinned by the agent)")
+    agent_port: int = Field(default=0, description="the TLS port of the channel (also in /readyz)")
 
 
 class RunningReport(_Frame):
@@ -94,7 +105,17 @@ class LogChunk(_Frame):
     data: str = Field(max_length=65536)
 
 
-AgentFrame = Annotated[Hello | Heartbeat | TaskStatus | LogChunk, Field(discriminator="type")]
+class Renew(_Frame):
+    """A request for a fresh client certificate, sent over the live channel before the current one reaches 2/3 of
+    its lifetime. Answered with `Certificate` (and acked); the certificate is issued to the channel's own node."""
+
+    type: Literal["renew"] = "renew"
+    boot_id: str
+    seq: int = Field(ge=0)
+    csr: str = Field(min_length=1, max_length=8192)
+
+
+AgentFrame = Annotated[Hello | Heartbeat | TaskStatus | LogChunk | Renew, Field(discriminator="type")]
 
 
 class GpuGrant(_Frame):
@@ -138,7 +159,8 @@ class Ack(_Frame):
 
 class Rejected(_Frame):
     """The answer to agent frame `seq` that the control plane received but refuses to apply (`code` 403: about
-    another node's allocation). Like an Ack it is final: the agent must not send that frame again."""
+    another node's allocation; 409: a task status about an attempt already closed, e.g. requeued after its node was
+    lost). Like an Ack it is final: the agent must not send that frame again."""
 
     type: Literal["rejected"] = "rejected"
     seq: int = Field(ge=0)
@@ -146,4 +168,11 @@ class Rejected(_Frame):
     reason: str = Field(default="", max_length=2000)
 
 
-ServerFrame = Annotated[Launch | Stop | Ack | Rejected, Field(discriminator="type")]
+class Certificate(_Frame):
+    """The answer to `Renew`: the node's new client certificate (PEM), for its next connection."""
+
+    type: Literal["certificate"] = "certificate"
+    certificate: str = Field(min_length=1, max_length=16384)
+
+
+ServerFrame = Annotated[Launch | Stop | Ack | Rejected | Certificate, Field(discriminator="type")]

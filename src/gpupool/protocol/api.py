@@ -138,6 +138,7 @@ class JoinTokenCreate(_Request):
 class JoinTokenOut(_Response):
     token: str
     expires_at: datetime
+    ca_hash: str = Field(default="", description="sha256 of the agent CA's public key: `gpupool agent --ca-hash`")
 
 
 class QueueCreate(_Request):

@@ -15,7 +15,16 @@ Channel security (RELIABILITY.md §4.2, S7): every launch and stop order leaves 
 to its node and signs it (gpupool.server.order_keys) after it is complete; agents pinned the public key at
 registration. A node's reports are applied at most once per (boot_id, seq), only a Hello starts a new boot and a
 boot once replaced never comes back (a replayed frame changes nothing, not even the node's liveness), and a report
-about an allocation that is not the node's own is answered `Rejected` (403) and logged, with no state change.
+about an allocation that is not the node's own is answered `Rejected` (403) and logged, with no state change; a task
+status about an attempt already closed is answered `Rejected` (409), and a stop order if it says "started". A Hello
+of a boot other than the node's recorded one closes what that boot does not run (Lifecycle.node_rebooted).
+
+Transport and identity (mTLS): the channel is served by gpupool.server.agent_listener on its own TLS 1.3 port,
+which completes a handshake only with a client certificate of the agent CA (gpupool.server.agent_ca). `admit` then
+binds the connection to a node: the node credential must resolve to a node, AND the certificate presented in that
+handshake must be one issued to that same node (its SAN names the node, and its serial is listed for the node in
+`agent_certificates`, not revoked). A node's certificates are revoked when it registers again; its open channels
+are then closed at once. `Renew` over a live channel gets a new certificate for the channel's own node.
 """
 
 from __future__ import annotations
@@ -27,16 +36,20 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
-from fastapi import HTTPException, WebSocket, WebSocketDisconnect
+from cryptography import x509
+from fastapi import HTTPException
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import select
+from sqlalchemy import select, update
+from websockets.exceptions import ConnectionClosed
 
 from gpupool.core.metrics import cluster_figures
 from gpupool.protocol.agent import (
     MAX_FRAME_BYTES,
     Ack,
     AgentFrame,
+    Certificate,
     Heartbeat,
     Hello,
     Launch,
@@ -44,14 +57,17 @@ from gpupool.protocol.agent import (
     Registration,
     RegistrationReply,
     Rejected,
+    Renew,
     Stop,
     TaskStatus,
 )
 from gpupool.protocol.devices import GpuTelemetry
+from gpupool.protocol.tls import node_of
 from gpupool.server import order_keys
+from gpupool.server.agent_ca import AgentCA, CertificateRequestError
 from gpupool.server.auth import hash_secret, new_token, resolve
 from gpupool.server.db.engine import Database, unreachable
-from gpupool.server.db.models import Allocation, ClusterSample, Gpu, JoinToken, Node, Token
+from gpupool.server.db.models import AgentCertificate, Allocation, ClusterSample, Gpu, JoinToken, Node, Token
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, node_spec, nodes_with_gpus
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
@@ -64,16 +80,38 @@ from gpupool.server.settings import Settings
 log = logging.getLogger(__name__)
 FRAMES = TypeAdapter(AgentFrame)
 RETIRED_BOOTS = 16
+ServerFrameOut = Launch | Stop | Ack | Rejected | Certificate
+
+
+class AgentSocket(Protocol):
+    """What the hub needs of an accepted channel connection (websockets' ServerConnection has it)."""
+
+    async def recv(self) -> str | bytes: ...
+
+    async def send(self, message: str) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+class Refused(Exception):
+    """A channel connection that may not be admitted: `status` is the HTTP answer to its handshake."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
 
 
 class AgentHub:
     def __init__(self, db: Database, cache: ClusterCache, settings: Settings) -> None:
         self.db, self.cache, self.settings = db, cache, settings
-        self.queues: dict[str, asyncio.Queue[Launch | Stop | Ack | Rejected]] = {}
+        self.queues: dict[str, asyncio.Queue[ServerFrameOut]] = {}
         self.last_seen: dict[str, float] = {}
         self.seqs: dict[str, tuple[str, int]] = {}
         self.retired_boots: dict[str, list[str]] = {}  # per node, the last RETIRED_BOOTS boots a Hello replaced
         self.signer = order_keys.load_or_create(settings.order_key_path)
+        self.ca = AgentCA.load_or_create(settings.data_dir)
+        self.agent_port = 0  # the channel listener's port, once it listens
+        self.sessions: dict[str, dict[AgentSocket, str]] = {}  # node -> its open channels and their serials
         self.telemetry: dict[str, list[GpuTelemetry]] = {}
         self.idle_since: dict[str, float] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -89,7 +127,7 @@ class AgentHub:
 
     # orders out ------------------------------------------------------------------------------
 
-    def send(self, node_id: str, frame: Launch | Stop | Ack | Rejected) -> None:
+    def send(self, node_id: str, frame: ServerFrameOut) -> None:
         """Queue a frame for a node (thread-safe); frames for a disconnected node wait for its return. Launch and
         stop orders are addressed to `node_id` and signed here, the one door every order leaves by, so the
         signature covers the order as sent (env and all)."""
@@ -104,7 +142,9 @@ class AgentHub:
     # registration ----------------------------------------------------------------------------
 
     def register(self, reg: Registration) -> RegistrationReply:
-        """Burn a join token and record the node; the reply's credential is the node's API token."""
+        """Burn a join token and record the node; the reply's credential is the node's API token, and with a CSR
+        the reply carries the node's channel certificate. A node registering again loses its former certificates
+        (revoked; its open channels are closed). A malformed CSR is refused (400) and burns nothing."""
         prefix, _, secret = reg.join_token.partition(".")
         with self.db.session() as session:
             row = session.get(JoinToken, prefix, with_for_update=True)
@@ -120,11 +160,41 @@ class AgentHub:
             session.add(Token(prefix=token_prefix, secret_hash=hash_secret(credential), name=f"node {reg.name}",
                               node_id=node.id))
             node_id = node.id
+            revoked = self._revoke(session, node_id, now)
+            certificate = self._issue(session, reg.csr, node_id) if reg.csr else ""
+        if revoked:
+            self.close_sessions(node_id, "the node registered again: its former certificates are revoked")
         self.reload_nodes()
         self.last_seen[node_id] = time.monotonic()
         return RegistrationReply(node_id=node_id, credential=credential, heartbeat_s=self.settings.heartbeat_s,
                                  fence_s=self.settings.fence_s, kill_grace_s=self.settings.kill_grace_s,
-                                 order_key=self.signer.public_key)
+                                 order_key=self.signer.public_key, certificate=certificate,
+                                 ca_certificate=self.ca.pem, agent_port=self.agent_port)
+
+    def _issue(self, session, csr: str, node_id: str) -> str:  # noqa: ANN001 - a Session
+        """A certificate for `node_id` on the key of `csr`, recorded; 400 for a bad CSR."""
+        try:
+            issued = self.ca.issue(csr, node_id, self.settings.agent_cert_lifetime_s)
+        except CertificateRequestError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        session.add(AgentCertificate(serial=issued.serial, node_id=node_id, not_after=issued.not_after))
+        return issued.pem
+
+    @staticmethod
+    def _revoke(session, node_id: str, now: datetime) -> int:  # noqa: ANN001 - a Session
+        """Put every unrevoked certificate of `node_id` on the denylist; how many there were."""
+        result = session.execute(update(AgentCertificate).where(
+            AgentCertificate.node_id == node_id, AgentCertificate.revoked_at.is_(None)).values(revoked_at=now))
+        return int(result.rowcount or 0)
+
+    def close_sessions(self, node_id: str, reason: str) -> None:
+        """Close every open channel of `node_id` (thread-safe): after a revocation, the session kill."""
+        live = list(self.sessions.get(node_id, {}))
+        if not live or self.loop is None:
+            return
+        log.warning("closing %d channel(s) of node %s: %s", len(live), node_id, reason)
+        for ws in live:
+            asyncio.run_coroutine_threadsafe(ws.close(4403, reason[:120]), self.loop)
 
     def _upsert_node(self, session, reg: Registration) -> Node:  # noqa: ANN001 - a Session
         node = session.scalar(select(Node).where(Node.name == reg.name))
@@ -157,22 +227,55 @@ class AgentHub:
 
     # the channel -----------------------------------------------------------------------------
 
-    async def serve(self, ws: WebSocket) -> None:
-        node_id = await self._authenticate(ws)
-        if node_id is None:
-            return
-        await ws.accept()
+    def admit(self, token: str, certificate_der: bytes | None) -> tuple[str, str]:
+        """(node_id, serial) of a channel handshake with the node credential `token` and the client certificate
+        `certificate_der` (already verified against the CA by TLS). Raises Refused: 401 for an unknown credential,
+        403 for a credential that is not a node's, or a certificate that is not a live one of that node's."""
+        try:
+            with self.db.session() as session:
+                principal = resolve(session, token)
+        except HTTPException as exc:
+            raise Refused(401, str(exc.detail)) from None
+        if principal.node_id is None:
+            raise Refused(403, "not a node credential")
+        if certificate_der is None:
+            raise Refused(403, "no client certificate")
+        cert = x509.load_der_x509_certificate(certificate_der)
+        serial = format(cert.serial_number, "x")
+        with self.db.session() as session:
+            row = session.get(AgentCertificate, serial)
+        node_id = principal.node_id
+        if node_of(cert) != node_id or row is None or row.node_id != node_id:
+            log.warning("channel refused (403): node %s's credential with certificate %s issued to %s", node_id,
+                        serial, node_of(cert) or "no node")
+            raise Refused(403, "the certificate was not issued to this credential's node")
+        if row.revoked_at is not None:
+            log.warning("channel refused (403): node %s presented revoked certificate %s", node_id, serial)
+            raise Refused(403, "the certificate is revoked")
+        return node_id, serial
+
+    def renew(self, node_id: str, frame: Renew) -> Rejected | None:
+        """Issue a new certificate for the channel's node (sent as `Certificate`); Rejected (400) for a bad CSR."""
+        try:
+            with self.db.session() as session:
+                pem = self._issue(session, frame.csr, node_id)
+        except HTTPException as exc:
+            return Rejected(seq=frame.seq, code=400, reason=str(exc.detail)[:2000])
+        self.send(node_id, Certificate(certificate=pem))
+        return None
+
+    async def serve(self, node_id: str, serial: str, ws: AgentSocket) -> None:
+        """Serve one admitted channel of `node_id` until it closes (see the module docstring)."""
         queue = self.queues.setdefault(node_id, asyncio.Queue())
         self.held.pop(node_id, None)
         self.resync.discard(node_id)
+        live = self.sessions.setdefault(node_id, {})
+        live[ws] = serial
         sender = asyncio.create_task(self._pump(ws, queue))
         try:
             while True:
-                message = await ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                raw = message.get("text")
-                if raw is None:  # a binary frame: not part of the protocol
+                raw = await ws.recv()
+                if not isinstance(raw, str):  # a binary frame: not part of the protocol
                     await ws.close(code=1003)
                     return
                 if len(raw) > MAX_FRAME_BYTES:
@@ -182,30 +285,17 @@ class AgentHub:
                 if node_id in self.resync:  # the database is back: re-sent reports come on the next connection
                     await ws.close(code=1013)
                     return
-        except WebSocketDisconnect:
+        except ConnectionClosed:
             pass
         finally:
             sender.cancel()
+            live.pop(ws, None)
 
-    async def _authenticate(self, ws: WebSocket) -> str | None:
-        header = ws.headers.get("authorization", "")
-        token = header.partition(" ")[2].strip()
-        try:
-            with self.db.session() as session:
-                principal = resolve(session, token)
-        except HTTPException:
-            await ws.close(code=4401)
-            return None
-        if principal.node_id is None:
-            await ws.close(code=4403)
-            return None
-        return principal.node_id
-
-    async def _pump(self, ws: WebSocket, queue: asyncio.Queue[Launch | Stop | Ack | Rejected]) -> None:
+    async def _pump(self, ws: AgentSocket, queue: asyncio.Queue[ServerFrameOut]) -> None:
         while True:
             frame = await queue.get()
             try:
-                await ws.send_text(frame.model_dump_json())
+                await ws.send(frame.model_dump_json())
             except Exception:  # the socket closed: keep the frame for the next connection
                 queue.put_nowait(frame)
                 return
@@ -228,7 +318,7 @@ class AgentHub:
                 return
         self.send(node_id, Ack(seq=min(frame.seq, self.held.get(node_id, frame.seq))))
 
-    def _new_boot(self, node_id: str, boot: str, frame: Hello | Heartbeat | TaskStatus | LogChunk) -> bool:
+    def _new_boot(self, node_id: str, boot: str, frame: Hello | Heartbeat | TaskStatus | LogChunk | Renew) -> bool:
         """May `frame` start a new boot of the node's agent? Only a Hello of a boot never replaced may; the boot it
         replaces is retired (a replayed frame of a former boot is then dropped, whatever its seq)."""
         retired = self.retired_boots.setdefault(node_id, [])
@@ -241,7 +331,7 @@ class AgentHub:
             del retired[:-RETIRED_BOOTS]
         return True
 
-    def _apply_held(self, node_id: str, frame: Hello | Heartbeat | TaskStatus | LogChunk) -> Rejected | None:
+    def _apply_held(self, node_id: str, frame: Hello | Heartbeat | TaskStatus | LogChunk | Renew) -> Rejected | None:
         """`_apply`, surviving a database outage (see the module docstring): a report that fails for an unreachable
         database caps the node's acks below it; later reports wait unapplied (re-sent after the resync); a frame
         that applies while reports wait schedules the resync."""
@@ -253,7 +343,7 @@ class AgentHub:
         except Exception as exc:
             if not unreachable(exc):
                 raise
-            if not isinstance(frame, Heartbeat):  # a Hello's own seq is never kept by the agent: ackable
+            if not isinstance(frame, Heartbeat | Renew):  # a Hello's own seq is never kept by the agent: ackable
                 cap = frame.seq if isinstance(frame, Hello) else frame.seq - 1
                 self.held[node_id] = min(cap, self.held.get(node_id, cap))
             self._warn_unreachable(exc)
@@ -278,8 +368,10 @@ class AgentHub:
                     frame.allocation_id[:64], "of another node" if owner else "that does not exist")
         return Rejected(seq=frame.seq, code=403, reason=f"allocation {frame.allocation_id[:64]} is not this node's")
 
-    def _apply(self, node_id: str, frame: Hello | Heartbeat | TaskStatus | LogChunk) -> Rejected | None:
+    def _apply(self, node_id: str, frame: Hello | Heartbeat | TaskStatus | LogChunk | Renew) -> Rejected | None:
         """Apply one fresh frame; a Rejected to answer instead of an Ack when the node may not report it."""
+        if isinstance(frame, Renew):
+            return self.renew(node_id, frame)
         if isinstance(frame, TaskStatus | LogChunk):
             rejected = self._foreign(node_id, frame)
             if rejected is not None:
@@ -288,7 +380,10 @@ class AgentHub:
             self._reconcile(node_id, frame)
         elif isinstance(frame, TaskStatus):
             assert self.lifecycle is not None
-            self.lifecycle.on_status(node_id, frame)
+            stale = self.lifecycle.on_status(node_id, frame)
+            if stale is not None:  # changes nothing (I9); the agent drops it like an acked frame
+                log.info("node %s reported %s for a closed attempt: rejected (409): %s", node_id, frame.state, stale)
+                return Rejected(seq=frame.seq, code=409, reason=stale)
         elif isinstance(frame, LogChunk):
             self._append_log(frame)
         else:
@@ -337,6 +432,10 @@ class AgentHub:
         assert self.binder is not None
         current = self.lease.epoch if self.lease is not None else 0
         reported = {(r.allocation_id, r.attempt) for r in hello.running}
+        closed = self.lifecycle.node_rebooted(node_id, hello.boot_id, reported) if self.lifecycle else 0  # T3.3
+        if closed:
+            log.warning("node %s: boot %s does not run %d allocation(s) of the former boot: closed (node_rebooted)",
+                        node_id, hello.boot_id[:64], closed)
         with self.db.session() as session:
             open_rows = list(session.scalars(select(Allocation).where(
                 Allocation.node_id == node_id, Allocation.state.in_(OPEN_ALLOCATION_STATES))))
@@ -452,9 +551,27 @@ class AgentHub:
                 if self.on_lost is not None:
                     self.on_lost(requeued)
                 del self.last_seen[node_id]
+                self._drop_launches(node_id)
                 self._set_state(node_id, "lost")
             elif quiet > self.settings.suspect_after_s:
                 self._set_state(node_id, "suspect")
+
+    def _drop_launches(self, node_id: str) -> None:
+        """Forget the launch orders still queued for a node just declared lost (thread-safe): their allocations are
+        released and their jobs requeued, so none may start when the node comes back (T2.b: no attempt twice)."""
+        queue = self.queues.get(node_id)
+        if queue is None:
+            return
+
+        def drop() -> None:
+            kept = [f for f in (queue.get_nowait() for _ in range(queue.qsize())) if not isinstance(f, Launch)]
+            for frame in kept:
+                queue.put_nowait(frame)
+
+        if self.loop is not None and self.loop.is_running():
+            self.loop.call_soon_threadsafe(drop)
+        else:
+            drop()
 
     def _set_state(self, node_id: str, state: str) -> None:
         with self.db.session() as session:

@@ -3,7 +3,8 @@
 Start-up, in order: 1. migrate the database; 2. on a fresh database create the default organisation,
 project, queue and operator, and write the operator's token to DATA_DIR/admin.token (0600); 3. load
 nodes and open allocations into the scheduler's cache; 4. start the scheduler loop and the liveness
-monitor. Shutdown stops both; running workloads are untouched. The web dashboard (static files in
+monitor; 5. open the agent channel's TLS listener (gpupool.server.agent_listener; its port is in /readyz).
+Shutdown stops them; running workloads are untouched. The web dashboard (static files in
 gpupool/dashboard, which use only the public API) is served at `/`, behind every API and system route.
 """
 
@@ -19,7 +20,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -35,6 +36,7 @@ from gpupool.core import DeviceShare
 from gpupool.protocol.agent import Registration, RegistrationReply
 from gpupool.server import guard, unavailable
 from gpupool.server.agent_hub import AgentHub
+from gpupool.server.agent_listener import AgentListener
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, job_spec
@@ -131,7 +133,10 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.fair_shares = lambda: loop.fair_shares
         loop.start()
         monitor = asyncio.create_task(hub.monitor())
+        listener = AgentListener(hub, settings)
+        await listener.start()
         yield
+        await listener.stop()
         monitor.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await monitor
@@ -144,7 +149,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(guard.BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(guard.RateLimit, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst,
                        auth_failures_per_min=settings.auth_failures_per_min)
-    app.add_middleware(guard.AuditLog, write=audit.writer(db))  # outermost: it sees every refusal of the others
+    # outermost: it sees every refusal of the others
+    app.add_middleware(guard.AuditLog, record=audit.GroupCommit(db).record)
     app.include_router(api.router)
     app.include_router(usage.router)
     app.include_router(audit_routes.router)
@@ -198,7 +204,9 @@ def _system_routes(app: FastAPI, metrics: Metrics) -> None:
     @app.get("/readyz", include_in_schema=False)
     def readyz(request: Request) -> dict[str, object]:
         loop = getattr(request.app.state, "scheduler", None)
-        return {"status": "ok" if loop is not None else "starting", "cycles": loop.cycles if loop else 0}
+        port = request.app.state.hub.agent_port
+        return {"status": "ok" if loop is not None and port else "starting", "cycles": loop.cycles if loop else 0,
+                "agent_port": port}
 
     @app.get("/version", include_in_schema=False)
     def version() -> dict[str, str]:
@@ -220,7 +228,3 @@ def _agent_routes(app: FastAPI, hub: AgentHub) -> None:
         reply = await asyncio.to_thread(hub.register, body)
         request.app.state.scheduler.wake()
         return reply
-
-    @app.websocket("/api/v1/agent/channel")
-    async def channel(ws: WebSocket) -> None:
-        await hub.serve(ws)

@@ -14,13 +14,18 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
+import anyio
 from fastapi import HTTPException, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.protocol.api import ROLES
 from gpupool.server.db.models import Node, Org, Token, User
+
+if TYPE_CHECKING:
+    from gpupool.server.db.engine import Database
 
 RANK = {role: i for i, role in enumerate(ROLES)}
 
@@ -90,8 +95,9 @@ def _aware(moment: datetime) -> datetime:
 PRINCIPAL_TTL_S = 2.0
 
 
-def principal_from(request: Request) -> Principal:
-    """The caller, also left in `request.state.principal` for the audit log."""
+async def principal_from(request: Request) -> Principal:
+    """The caller, also left in `request.state.principal` for the audit log. A cached one is answered on the event
+    loop; only a lookup goes to a worker thread."""
     token = _bearer(request)
     cache: dict[str, tuple[float, Principal]] = request.app.state.principals
     hit = cache.get(token)
@@ -99,13 +105,17 @@ def principal_from(request: Request) -> Principal:
     if hit is not None and now - hit[0] < PRINCIPAL_TTL_S:
         request.state.principal = hit[1]
         return hit[1]
-    with request.app.state.db.session() as session:
-        principal = resolve(session, token)
+    principal = await anyio.to_thread.run_sync(_lookup, request.app.state.db, token)
     if len(cache) > 10_000:
         cache.clear()
     cache[token] = (now, principal)
     request.state.principal = principal
     return principal
+
+
+def _lookup(db: Database, token: str) -> Principal:
+    with db.session() as session:
+        return resolve(session, token)
 
 
 def require(principal: Principal, role: str) -> None:

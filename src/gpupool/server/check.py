@@ -114,9 +114,24 @@ def check_rollup(session: Session) -> list[str]:
 
 
 def run_checks(url: str) -> list[str]:
+    """Every violation found in the database at `url`, read from one snapshot (the control plane may be running)."""
     db = Database(url)
-    with db.session() as session:
-        return check_slots(session) + check_jobs(session) + check_ledger(session) + check_rollup(session)
+    try:
+        with db.session() as session:
+            _one_snapshot(session)
+            return check_slots(session) + check_jobs(session) + check_ledger(session) + check_rollup(session)
+    finally:
+        db.engine.dispose()
+
+
+def _one_snapshot(session: Session) -> None:
+    """Make every later query of `session` read the same snapshot, so that a live control plane's commits between
+    two of them (an allocation and its slots, a ledger entry and its allocation's metered_until) cannot look like a
+    violation. SQLite: an explicit BEGIN (pysqlite opens transactions only for writes); PostgreSQL: REPEATABLE READ."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.connection().exec_driver_sql("BEGIN")
+    else:
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,11 @@
 `AuditLog` (outermost) gives every HTTP request an id (a sane `X-Request-ID` of the client's, else a random one,
 echoed in the response) and writes one append-only audit row for every mutating request (POST, PUT, PATCH,
 DELETE), whatever its outcome, 401/403/404/413/422/429 included; GETs are never audited. The row is committed
-before the response leaves, so a client that saw an answer will find its row. It costs one INSERT, in a worker
-thread. Who called comes from `request.state.principal` (set by auth.principal_from), or from what a route noted
-with `note()` (the agent registration names its join token); the route is the matched template
-(`/api/v1/jobs/{job_id}`), the object the path's id or the `id` of what the request created.
+before the response leaves, so a client that saw an answer will find its row. Rows of concurrent requests share
+one INSERT and COMMIT, written in a worker thread (services.audit.GroupCommit). Who called comes from
+`request.state.principal` (set by auth.principal_from), or from what a route noted with `note()` (the agent
+registration names its join token); the route is the matched template (`/api/v1/jobs/{job_id}`), the object the
+path's id or the `id` of what the request created.
 
 `RateLimit` (inside it, so a refusal is audited too) guards `/api/*` over HTTP; the agents' WebSocket channel is
 not limited (a node's own frames are checked by the hub):
@@ -29,7 +30,7 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -268,10 +269,10 @@ def _actor(scope: Scope) -> dict[str, Any]:
 
 
 class AuditLog:
-    """See the module docstring. `write(entry)` stores one row (called in a worker thread)."""
+    """See the module docstring. `await record(entry)` returns once the entry's row is committed."""
 
-    def __init__(self, app: ASGIApp, write: Callable[[dict[str, Any]], None]) -> None:
-        self.app, self.write = app, write
+    def __init__(self, app: ASGIApp, record: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        self.app, self.record = app, record
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -322,7 +323,7 @@ class AuditLog:
         entry = {k: v.replace("\x00", "\\x00") if isinstance(v, str) else v for k, v in entry.items()}  # PostgreSQL
         try:
             with anyio.CancelScope(shield=True):  # a client that hangs up does not cancel its audit row
-                await anyio.to_thread.run_sync(self.write, entry)
+                await self.record(entry)
         except Exception:  # the request is done; the failure is loud in the log, the answer stands
             log.exception("audit: could not record %s %s -> %d", entry["method"], template, status)
 

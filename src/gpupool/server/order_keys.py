@@ -45,7 +45,7 @@ def load_or_create(path: Path) -> OrderSigner:
     public = path.with_suffix(".pub")
     text = f"{signer.public_key}\n{key_hash(signer.public_key)}\n"
     if not public.exists() or public.read_text() != text:
-        _write_atomically(public, text.encode(), 0o644)
+        write_atomically(public, text.encode(), 0o644)
     log.info("orders are signed with key %s (%s)", key_hash(signer.public_key), path)
     return signer
 
@@ -65,7 +65,12 @@ def _load(path: Path) -> Ed25519PrivateKey:
 
 
 def _create(path: Path) -> None:
-    pem = Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    create_exclusively(path, Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
+                                                                        NoEncryption()))
+
+
+def create_exclusively(path: Path, pem: bytes) -> None:
+    """Write `pem` to `path` (0600, fsynced) unless the file exists by then: whoever links first wins."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     _write(tmp, pem, 0o600)
     try:
@@ -77,7 +82,7 @@ def _create(path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def _write_atomically(path: Path, data: bytes, mode: int) -> None:
+def write_atomically(path: Path, data: bytes, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     _write(tmp, data, mode)
     os.replace(tmp, path)

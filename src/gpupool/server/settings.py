@@ -49,6 +49,14 @@ class Settings(BaseModel):
     #: the Ed25519 key that signs launch and stop orders; default DATA_DIR/order-signing.key, made 0600 at first start.
     #: Control planes that take over from one another must use the same one (their agents pinned it).
     order_key_file: Path | None = None
+    # The agent channel (RELIABILITY.md §4.2): a TLS 1.3 listener requiring client certificates from the agent CA
+    # in DATA_DIR (ca.key, ca.crt). Port: default the API port + 1; 0 picks a free port (agents read it from
+    # /readyz at every connect). Its certificate names 127.0.0.1, ::1, localhost, the host name and the host, plus
+    # `agent_tls_names` (comma-separated DNS names or addresses agents dial). Client certificates live
+    # `agent_cert_lifetime_s` (7 days) and are renewed over the channel at 2/3 of it.
+    agent_port: int | None = Field(default=None, ge=0, le=65535)
+    agent_tls_names: str = ""
+    agent_cert_lifetime_s: float = Field(default=7 * 86400.0, ge=5)
 
     @model_validator(mode="after")
     def _timing(self) -> Settings:
@@ -67,6 +75,13 @@ class Settings(BaseModel):
     @property
     def order_key_path(self) -> Path:
         return self.order_key_file or self.data_dir / "order-signing.key"
+
+    @property
+    def channel_port(self) -> int:
+        """The agent channel's port as configured (0: any free one)."""
+        if self.agent_port is not None:
+            return self.agent_port
+        return self.port + 1 if 0 < self.port < 65535 else 0
 
     @property
     def db_url(self) -> str:

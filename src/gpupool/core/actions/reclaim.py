@@ -43,15 +43,17 @@ class ReclaimAction(Action):
         if tree is None:
             return
         left, attempts = self.max_victims, Attempts(self.max_attempts)
-        running = cycle.workspace.running_tasks()
-        units = _JobUnits(cycle, running)
+        # Running tasks, victims and job sizes are gathered when a first job may reclaim (most cycles have none).
+        units: _JobUnits | None = None
         evictable: list[RunningTask] | None = None  # in victim order, so later sorts of subsequences are linear
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
             if job.queue not in tree.specs or attempts.known_to_fail(job) or not _under_share(cycle, job):
                 continue
-            if evictable is None:
+            if evictable is None or units is None:
+                running = cycle.workspace.running_tasks()
+                units = _JobUnits(cycle, running)
                 evictable = list(cycle.framework.victims.order_victims(
                     job, [t for t in running if _evictable(cycle, tree, t)]))
             candidates = [t for t in evictable if t.queue != job.queue and cycle.workspace.running(t.task_id)]

@@ -3,6 +3,7 @@ crash), foreign keys on and a busy timeout; PostgreSQL keeps its durable default
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,12 +25,38 @@ def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
     cursor.close()
 
 
+#: A pooled PostgreSQL connection idle for longer than this is pinged before it is handed out (a restarted or
+#: failed-over server leaves dead connections in the pool). One used more recently is not: a ping on every checkout
+#: cost a round trip per transaction, and a connection that broke since is found by its first statement, whose
+#: failure (503, RELIABILITY.md §2.2) discards every connection made before it.
+PING_IDLE_S = 1.0
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+    event.listen(engine.pool, "checkin", _checked_in)
+    event.listen(engine.pool, "checkout", functools.partial(_ping_if_idle, engine.dialect))
+    return engine
+
+
+def _checked_in(_: Any, record: Any) -> None:
+    if record is not None:
+        record.info["checked_in"] = time.monotonic()
+
+
+def _ping_if_idle(dialect: Any, dbapi_connection: Any, record: Any, _: Any) -> None:
+    """Pool `checkout` hook: ping a connection idle for over PING_IDLE_S; a dead one is replaced (DisconnectionError
+    makes the pool connect again)."""
+    if time.monotonic() - record.info.get("checked_in", float("inf")) <= PING_IDLE_S:
+        return
+    try:
+        dialect.do_ping(dbapi_connection)
+    except Exception as exc:
+        raise DisconnectionError(f"pooled connection is dead: {exc}") from exc
 
 
 def migrate(url: str) -> None:

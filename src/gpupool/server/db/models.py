@@ -162,6 +162,18 @@ class Node(Base):
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class AgentCertificate(Base):
+    """Every client certificate issued to an agent (gpupool.server.agent_ca). A channel is opened only with one
+    listed here for the credential's node and not revoked: `revoked_at` is the denylist, checked on each connect."""
+
+    __tablename__ = "agent_certificates"
+    serial: Mapped[str] = mapped_column(String(40), primary_key=True)  # hex
+    node_id: Mapped[str] = mapped_column(String(32), index=True)
+    not_after: Mapped[datetime] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Gpu(Base):
     __tablename__ = "gpus"
     __table_args__ = (UniqueConstraint("node_id", "index"),)

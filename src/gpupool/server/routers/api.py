@@ -2,29 +2,54 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, TypeVar
 
+import anyio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
+from gpupool.server.db.engine import Database
 from gpupool.server.failpoints import failpoint
 from gpupool.server.services import cluster, jobs, tenancy
 
 router = APIRouter(prefix="/api/v1")
+T = TypeVar("T")
 Caller = Annotated[Principal, Depends(principal_from)]
 
 
-def _session(request: Request) -> Iterator[Session]:
+async def _session(request: Request) -> AsyncIterator[Session]:
     """One transaction per request, committed before the response is sent (an acknowledged write is durable).
-    A route may name a failpoint in `request.state.after_commit`: it is reached after the commit, before the
-    response."""
-    with request.app.state.db.session() as session:
+    The session opens on the event loop (it does no I/O before its first statement); its commit, or its rollback
+    after an error, runs in a worker thread, shielded from a client that hangs up."""
+    transaction = request.app.state.db.session()
+    session = transaction.__enter__()
+    try:
         yield session
-    failpoint(getattr(request.state, "after_commit", ""))
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            if not await anyio.to_thread.run_sync(transaction.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        return
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(transaction.__exit__, None, None, None)
+
+
+async def _in_one_call(db: Database, work: Callable[[Session], T], after_commit: str) -> T:
+    """`work(session)` in one transaction, committed before the response, like a route with `Db`; but the work and
+    the commit run in one worker-thread call (one thread hop, not two: the hot path, POST /jobs). The failpoint
+    `after_commit` is reached after the commit. A client that hangs up does not interrupt the call."""
+    return await anyio.to_thread.run_sync(_work_and_commit, db, work, after_commit)
+
+
+def _work_and_commit(db: Database, work: Callable[[Session], T], after_commit: str) -> T:
+    with db.session() as session:
+        out = work(session)
+    failpoint(after_commit)
+    return out
 
 
 Db = Annotated[Session, Depends(_session, scope="function")]
@@ -83,8 +108,9 @@ def revoke_token(token_id: str, who: Caller, db: Db, request: Request) -> Respon
 
 
 @router.post("/join-tokens", response_model=api.JoinTokenOut, status_code=201, tags=["nodes"])
-def create_join_token(body: api.JoinTokenCreate, who: Caller, db: Db) -> api.JoinTokenOut:
-    return tenancy.create_join_token(db, who, body)
+def create_join_token(body: api.JoinTokenCreate, who: Caller, db: Db, request: Request) -> api.JoinTokenOut:
+    out = tenancy.create_join_token(db, who, body)
+    return out.model_copy(update={"ca_hash": request.app.state.hub.ca.hash})
 
 
 @router.post("/queues", response_model=api.QueueOut, status_code=201, tags=["queues"])
@@ -101,12 +127,15 @@ def list_queues(who: Caller, db: Db, request: Request) -> list[api.QueueOut]:
 
 
 @router.post("/jobs", response_model=api.JobOut, status_code=201, tags=["jobs"])
-def submit(body: api.JobCreate, who: Caller, db: Db, request: Request,
-           idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> api.JobOut:
-    out = jobs.submit(db, who, body, idempotency_key, request.app.state.keyring,
-                      request.app.state.settings.max_pending_jobs_per_org)
-    request.state.after_commit = "jobs.after_commit_before_response"
-    request.app.state.scheduler.wake()
+async def submit(body: api.JobCreate, who: Caller, request: Request,
+                 idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> api.JobOut:
+    state = request.app.state
+
+    def work(session: Session) -> api.JobOut:
+        return jobs.submit(session, who, body, idempotency_key, state.keyring, state.settings.max_pending_jobs_per_org)
+
+    out = await _in_one_call(state.db, work, "jobs.after_commit_before_response")
+    state.scheduler.wake()
     return out
 
 

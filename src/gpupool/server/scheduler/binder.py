@@ -4,7 +4,8 @@
    the next cycle (pipelined behind their victims); so do binds of jobs no longer pending.
 2. In one transaction: evicted allocations become "stopping" and their jobs go back to pending;
    each started job gets one allocation per task, with its GPU slots (the unique open-slot index
-   makes double allocation impossible), and becomes "scheduled".
+   makes double allocation impossible), and becomes "scheduled". The started jobs are written
+   together: one batched INSERT per table for the whole batch, never a round trip per job.
 3. Only after the commit: the cache assumes the new allocations, and launch / stop orders go out.
    A failed transaction changes nothing and the jobs are simply retried next cycle.
 The transaction starts with `fence(session, epoch)` (SchedulerLease.fence): a deposed leader's batch is
@@ -18,8 +19,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,13 +30,17 @@ from gpupool.core import Bind, Decision, Evict, JobSpec
 from gpupool.core.decisions import Move
 from gpupool.protocol.agent import GpuGrant, Launch, Stop
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, utcnow
+from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, new_id, utcnow
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
-from gpupool.server.scheduler.cache import ClusterCache, running_task
+from gpupool.server.scheduler.cache import ClusterCache, NodeEntry, running_task
 from gpupool.server.scheduler.lease import Fenced
 
 log = logging.getLogger(__name__)
+
+#: the columns of an allocation that `Binder._plan` sets
+PLANNED_COLUMNS = ("id", "job_id", "task_index", "attempt", "node_id", "state", "gpu_milli", "cpu_milli", "memory_mib",
+                   "shares", "leader_epoch")
 
 
 class OrderSink(Protocol):
@@ -42,10 +49,11 @@ class OrderSink(Protocol):
 
 @dataclass
 class Planned:
-    allocation: Allocation
+    allocation: Allocation  # as inserted; a plain value, never attached to a session
     slots: tuple[tuple[str, int], ...]
     bind: Bind
     job: JobSpec
+    spec: dict[str, Any]  # the job's spec as stored: what its launch order carries
 
 
 class Binder:
@@ -67,16 +75,13 @@ class Binder:
         for d in decisions:
             if isinstance(d, Bind):
                 binds[d.job_id].append(d)
-        claimed: set[tuple[str, int]] = set()
         try:
             with self.db.session() as session:
                 if self.fence is not None and (stopping or binds):
                     self.fence(session, epoch)
                 stops = self._evict(session, stopping)
-                planned = [p for job_id, group in binds.items()
-                           for p in self._bind(session, jobs[job_id], group, busy, claimed, epoch)]
+                planned = self._bind(session, binds, jobs, busy, epoch) if binds else []
                 if planned:
-                    session.flush()
                     failpoint("binder.after_allocation_insert")
         except IntegrityError as exc:
             log.warning("binder: transaction refused, retrying next cycle: %s", exc.orig)
@@ -102,32 +107,52 @@ class Binder:
                                             reason="preempted")))
         return stops
 
-    def _bind(self, session: Session, job: JobSpec, group: list[Bind], busy: set[tuple[str, int]],
-              claimed: set[tuple[str, int]], epoch: int) -> list[Planned]:
-        row = session.get(Job, job.id, with_for_update=True)
-        if row is None or row.state != "pending":
+    def _bind(self, session: Session, binds: dict[str, list[Bind]], jobs: dict[str, JobSpec],
+              busy: set[tuple[str, int]], epoch: int) -> list[Planned]:
+        """Start the bound jobs that are still pending, in a few round trips for the whole batch (not per job): lock
+        their rows, insert every allocation, GPU slot and event with one batched INSERT per table (psycopg pipelines
+        the rows), and update the jobs with one UPDATE."""
+        locked = session.execute(select(Job.id, Job.state, Job.attempt, Job.spec).where(
+            Job.id.in_(list(binds))).order_by(Job.id).with_for_update())
+        pending = {row.id: row for row in locked if row.state == "pending"}
+        claimed: set[tuple[str, int]] = set()
+        planned: list[Planned] = []
+        for job_id, group in binds.items():
+            if job_id in pending:
+                row = pending[job_id]
+                planned += self._plan(jobs[job_id], row.attempt + 1, row.spec, group, busy, claimed, epoch)
+        started = {p.job.id: p.allocation.attempt for p in planned}
+        if not started:
             return []
+        now = utcnow()
+        session.execute(insert(Allocation.__table__), [_row(p.allocation, now) for p in planned])
+        slots = [{"allocation_id": p.allocation.id, "gpu_id": gpu, "slot": slot} for p in planned
+                 for gpu, slot in p.slots]
+        if slots:
+            session.execute(insert(AllocationSlot.__table__), slots)
+        events = [_scheduled(job_id, attempt, binds[job_id], now) for job_id, attempt in started.items()]
+        session.execute(insert(JobEvent.__table__), events)
+        jobs_table = Job.__table__
+        session.execute(jobs_table.update().where(jobs_table.c.id.in_(list(started))).values(
+            state="scheduled", reason=None, attempt=jobs_table.c.attempt + 1))  # their rows are locked: = planned
+        return planned
+
+    def _plan(self, job: JobSpec, attempt: int, spec: dict[str, Any], group: list[Bind], busy: set[tuple[str, int]],
+              claimed: set[tuple[str, int]], epoch: int) -> list[Planned]:
+        """One job's allocations and GPU slots (none while a slot it needs is still held by a victim)."""
         mine: set[tuple[str, int]] = set(claimed)
         slots = [self.cache.slots_for(b.node, b.shares, mine) for b in group]
         if any(s in busy for chosen in slots for s in chosen):
             return []
         claimed.update(mine)
-        row.attempt += 1
-        row.state, row.reason = "scheduled", None
         planned = []
         for bind, chosen in zip(group, slots, strict=True):
-            node = self.cache.nodes[bind.node]
-            allocation = Allocation(job_id=job.id, task_index=int(bind.task_id.rsplit("/", 1)[1]),
-                                    attempt=row.attempt, node_id=node.node_id, state="starting",
-                                    gpu_milli=bind.shape.total_gpu_milli, cpu_milli=bind.shape.cpu_milli,
-                                    memory_mib=bind.shape.memory_mib, leader_epoch=epoch,
-                                    shares=[[s.index, s.milli, s.memory_mib] for s in bind.shares])
-            session.add(allocation)
-            session.flush()
-            session.add_all(AllocationSlot(allocation_id=allocation.id, gpu_id=g, slot=s) for g, s in chosen)
-            planned.append(Planned(allocation, chosen, bind, job))
-        nodes = ", ".join(sorted({b.node for b in group}))
-        session.add(JobEvent(job_id=job.id, kind="scheduled", message=f"attempt {row.attempt} placed on {nodes}"))
+            allocation = Allocation(id=new_id(), job_id=job.id, task_index=int(bind.task_id.rsplit("/", 1)[1]),
+                                    attempt=attempt, node_id=self.cache.nodes[bind.node].node_id,
+                                    state="starting", gpu_milli=bind.shape.total_gpu_milli,
+                                    cpu_milli=bind.shape.cpu_milli, memory_mib=bind.shape.memory_mib,
+                                    leader_epoch=epoch, shares=[[s.index, s.milli, s.memory_mib] for s in bind.shares])
+            planned.append(Planned(allocation, chosen, bind, job, spec))
         return planned
 
     def _dispatch(self, planned: list[Planned], stops: list[tuple[str, Stop]], epoch: int) -> None:
@@ -138,7 +163,11 @@ class Binder:
         for node_id, stop in stops:
             self.orders.send(node_id, stop)
         for p in planned:
-            self.orders.send(p.allocation.node_id, self.launch(p.allocation, epoch, now))
+            if p.spec.get("secret_env"):
+                order = self.launch(p.allocation, epoch, now)  # reads and opens the sealed values
+            else:
+                order = self._order(p.allocation, self.cache.nodes[p.bind.node], p.spec, {}, epoch, now)
+            self.orders.send(p.allocation.node_id, order)
 
     def launch(self, allocation: Allocation, epoch: int, now: float) -> Launch:
         """The launch order for an allocation (also re-sent when an agent reconnects), addressed to its node. It is
@@ -149,6 +178,10 @@ class Binder:
             spec = job.spec
             secret = self.keyring.open_job(session, job) if self.keyring and spec.get("secret_env") else {}
         entry = next(e for e in self.cache.nodes.values() if e.node_id == allocation.node_id)
+        return self._order(allocation, entry, spec, secret, epoch, now)
+
+    def _order(self, allocation: Allocation, entry: NodeEntry, spec: dict[str, Any], secret: dict[str, str],
+               epoch: int, now: float) -> Launch:
         grants = [GpuGrant(uuid=entry.spec.gpus[i].uuid, index=i, milli=m, memory_mib=mem)
                   for i, m, mem in allocation.shares]
         env = {**spec.get("env", {}), **secret, "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
@@ -156,6 +189,17 @@ class Binder:
                       task_index=allocation.task_index, command=spec["command"], env=env,
                       workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
                       expires_at=now + self.launch_ttl_s, node_id=allocation.node_id)
+
+
+def _row(allocation: Allocation, now: datetime) -> dict[str, Any]:
+    """The INSERT values of a planned allocation (a value built by `Binder._plan`; the columns it leaves unset take
+    their defaults)."""
+    return {**{key: getattr(allocation, key) for key in PLANNED_COLUMNS}, "created_at": now}
+
+
+def _scheduled(job_id: str, attempt: int, group: list[Bind], now: datetime) -> dict[str, Any]:
+    nodes = ", ".join(sorted({b.node for b in group}))
+    return {"job_id": job_id, "at": now, "kind": "scheduled", "message": f"attempt {attempt} placed on {nodes}"}
 
 
 def released_now(allocation: Allocation, reason: str, exit_code: int | None, session: Session) -> None:

@@ -2,8 +2,9 @@
 
 A cycle runs every `cycle_interval_s`, and at once when woken (a submission, a release, a node change).
 Each cycle: 1. hold the lease (on a takeover, `on_takeover` first reloads what another leader may have
-changed); 2. read pending jobs and the queue tree; 3. run the core on the cache's snapshot under the cache
-lock; 4. bind, fenced by the lease's epoch; 5. record why each still-pending job waits; 6. update metrics.
+changed); 2. read the pending jobs (loading only those new since the last cycle: scheduler/pending.py) and the
+queue tree; 3. run the core on the cache's snapshot under the cache lock; 4. bind, fenced by the lease's epoch;
+5. record why each still-pending job waits; 6. update metrics.
 While the database is unreachable the loop keeps trying, with one warning per `QUIET_S`.
 """
 
@@ -23,12 +24,12 @@ from gpupool.core import Framework, Workload, default_registry, run_cycle, sched
 from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.model import TaskShape
 from gpupool.server.db.engine import Database, unreachable
-from gpupool.server.db.models import Job
-from gpupool.server.db.repositories import job_spec, pending_jobs, queue_tree
+from gpupool.server.db.repositories import pending_rows, queue_tree
 from gpupool.server.failpoints import failpoint
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache
 from gpupool.server.scheduler.lease import Fenced, SchedulerLease
+from gpupool.server.scheduler.pending import Pending, PendingJobs
 from gpupool.server.services.metering import exhausted_hard_budgets
 
 BUDGET_REFRESH_S = 5.0
@@ -64,6 +65,7 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self._reasons: dict[str, PendingReason] = {}
+        self._pending = PendingJobs()
         #: GPU-unit fair share per queue from the latest cycle (read by the queues API and metrics)
         self.fair_shares: dict[str, int] = {}
         self._budgets: dict[tuple[str, str], str] = {}
@@ -106,6 +108,7 @@ class SchedulerLoop:
             if self.on_takeover is not None:
                 self.on_takeover()
             self._reasons = {}  # another leader may have written them since: write them all again
+            self._pending.forget()
             self._epoch = self.lease.epoch
 
     def _failed(self, exc: Exception) -> None:
@@ -118,10 +121,10 @@ class SchedulerLoop:
 
     def cycle_once(self) -> int:
         with self.db.session() as session:
-            rows = pending_jobs(session)
+            pending = self._pending.read(session)
             tree = queue_tree(session)
-            held = self._over_budget(session, rows)
-        specs = {row.id: job_spec(row) for row in rows if row.id not in held}
+            held = self._over_budget(session, pending)
+        specs = {p.spec.id: p.spec for p in pending if p.spec.id not in held}
         started = time.perf_counter()
         with self.cache.lock:
             snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree)
@@ -137,7 +140,7 @@ class SchedulerLoop:
             self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares)
         return placed
 
-    def _over_budget(self, session: Session, rows: list[Job]) -> dict[str, PendingReason]:
+    def _over_budget(self, session: Session, pending: list[Pending]) -> dict[str, PendingReason]:
         """Pending jobs of projects or queues whose hard budget is spent: held back, with the reason."""
         now = time.monotonic()
         if now - self._budgets_at > BUDGET_REFRESH_S:
@@ -146,10 +149,10 @@ class SchedulerLoop:
         if not self._budgets:
             return {}
         held = {}
-        for row in rows:
-            why = self._budgets.get(("project", row.project_id)) or self._budgets.get(("queue", row.queue))
+        for p in pending:
+            why = self._budgets.get(("project", p.project_id)) or self._budgets.get(("queue", p.spec.queue))
             if why:
-                held[row.id] = PendingReason(PendingKind.BUDGET_EXHAUSTED, why)
+                held[p.spec.id] = PendingReason(PendingKind.BUDGET_EXHAUSTED, why)
         return held
 
     def _record_reasons(self, pending: dict[str, PendingReason], epoch: int) -> None:
@@ -159,7 +162,5 @@ class SchedulerLoop:
             return
         with self.db.session() as session:
             self.lease.fence(session, epoch)
-            for job_id, reason in changed.items():
-                row = session.get(Job, job_id)
-                if row is not None and row.state == "pending":
-                    row.reason = reason.to_dict()
+            for row in pending_rows(session, list(changed)):  # one query, not one per job
+                row.reason = changed[row.id].to_dict()

@@ -1,30 +1,89 @@
-"""The audit log: one append-only row per mutating request (written by gpupool.server.guard.AuditLog), read by
-operators newest first, filtered and cursor-paginated."""
+"""The audit log: one append-only row per mutating request (recorded by gpupool.server.guard.AuditLog through
+`GroupCommit`), read by operators newest first, filtered and cursor-paginated."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 from fastapi import HTTPException
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
-from gpupool.server.db.engine import Database
+from gpupool.server.db.engine import Database, unreachable
 from gpupool.server.db.models import AuditEntry, Org
 
 COLUMNS = frozenset(c.key for c in AuditEntry.__table__.columns) - {"id", "at"}
+#: each column's value where an entry leaves it out (every row of one multi-row INSERT sets the same columns)
+BLANK = {c.key: c.default.arg if c.default is not None else None for c in AuditEntry.__table__.columns
+         if c.key in COLUMNS}
 
 
-def writer(db: Database) -> Any:
-    """The AuditLog middleware's `write`: one INSERT in its own transaction."""
-    def write(entry: dict[str, Any]) -> None:
-        with db.session() as session:
-            session.add(AuditEntry(**{k: v for k, v in entry.items() if k in COLUMNS}))
-    return write
+def write(db: Database, entries: list[dict[str, Any]]) -> None:
+    """Store audit rows in one transaction, one multi-row INSERT."""
+    with db.session() as session:
+        session.execute(insert(AuditEntry.__table__), [{k: e.get(k, BLANK[k]) for k in COLUMNS} for e in entries])
+
+
+class GroupCommit:
+    """The AuditLog middleware's writer: `await record(entry)` returns once `entry`'s row is committed (or raises
+    what refused it). Rows recorded while a batch is being written wait and go together in the next transaction,
+    written on a worker thread: one INSERT and one COMMIT (and one thread hop) per batch instead of per request.
+    A batch the database refuses is written again row by row, so one bad row costs no other request its row.
+
+    States: idle (nothing to write) -> writing (a drain task runs batches until none is waiting) -> idle."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._waiting: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._drain: asyncio.Task[None] | None = None
+
+    async def record(self, entry: dict[str, Any]) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append((entry, done))
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._write_batches())
+        await done
+
+    async def _write_batches(self) -> None:
+        batch: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                refused = await anyio.to_thread.run_sync(self._write, [entry for entry, _ in batch])
+                _settle(batch, refused)
+        except BaseException:  # cancelled (shutdown): no request waits for its row forever
+            stopped = RuntimeError("the audit writer stopped")
+            _settle(batch + self._waiting, [stopped] * (len(batch) + len(self._waiting)))
+            self._waiting = []
+            raise
+        finally:
+            self._drain = None
+
+    def _write(self, entries: list[dict[str, Any]]) -> list[Exception | None]:
+        """Per entry, None once its row is committed, else the exception that refused it."""
+        try:
+            write(self.db, entries)
+            return [None] * len(entries)
+        except Exception as exc:
+            if len(entries) == 1 or unreachable(exc):
+                return [exc] * len(entries)
+        return [self._write([entry])[0] for entry in entries]
+
+
+def _settle(batch: list[tuple[dict[str, Any], asyncio.Future[None]]], refused: list[Exception | None]) -> None:
+    for (_, done), exc in zip(batch, refused, strict=True):
+        if done.done():
+            continue
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)
 
 
 def page(session: Session, principal: Principal, filters: dict[str, Any], cursor: str | None,

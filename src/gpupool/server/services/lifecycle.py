@@ -3,13 +3,15 @@
 Job states: pending_approval -> pending -> scheduled -> running -> succeeded | failed; cancelled and
 denied end it early; preemption, fencing and lost nodes send it back to pending (`attempt` only grows).
 An allocation is starting -> running -> released, or stopping -> released when told to stop. Reports
-for an attempt that is no longer the job's current one are ignored (RELIABILITY.md I9).
+about an attempt already closed change nothing and are refused (409; RELIABILITY.md I9); a new boot of a node's agent
+closes what it no longer runs (node_rebooted, T3.3).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -31,23 +33,35 @@ class Lifecycle:
         self.db, self.cache, self.orders, self.wake, self.grace_s = db, cache, orders, wake, grace_s
         self.fence = fence  # SchedulerLease.fence: node_lost's requeues are scheduler writes
 
-    def on_status(self, node_id: str, status: TaskStatus) -> None:
+    def on_status(self, node_id: str, status: TaskStatus) -> str | None:
         """Apply an agent's task report for an allocation placed on `node_id`. The cache frees an ended
         allocation's GPUs only after the commit: a refused transaction (disk full, database gone) leaves cache
-        and database agreeing, and the agent re-sends the report, which it did not get acknowledged."""
+        and database agreeing, and the agent re-sends the report, which it did not get acknowledged.
+
+        Returns why the report is stale (the caller answers it 409), or None: a report about an attempt that is not
+        the allocation's, or about an allocation already released (lost, rebooted, requeued, or ended by an earlier
+        report), changes nothing (RELIABILITY.md I9); if it says such an attempt "started", the node is ordered to
+        stop it at once, since something runs there that no allocation holds (T3.2)."""
         with self.db.session() as session:
             allocation = session.get(Allocation, status.allocation_id)
-            if allocation is None or allocation.node_id != node_id or allocation.attempt != status.attempt:
-                return
+            if allocation is None or allocation.node_id != node_id:
+                return None
+            stale = _stale(allocation, status)
+            if stale is not None:
+                if status.state == "started":
+                    self.orders.send(node_id, Stop(allocation_id=status.allocation_id, attempt=status.attempt,
+                                                   grace_s=0, reason="stale attempt"))
+                return stale
             job = session.get(Job, allocation.job_id)
             assert job is not None
             if status.state == "started":
                 self._started(session, allocation, job)
-                return
+                return None
             released = self._ended(session, allocation, job, status)
         if released:
             self.cache.release(allocation.id)
             self.wake()
+        return None
 
     def _started(self, session: Session, allocation: Allocation, job: Job) -> None:
         if allocation.state != "starting":
@@ -133,6 +147,38 @@ class Lifecycle:
         self.wake()
         return True
 
+    def node_rebooted(self, node_id: str, boot_id: str, reported: set[tuple[str, int]]) -> int:
+        """A Hello from a boot of the node's agent other than the one on record (RELIABILITY.md T3.3): in one
+        transaction, record the boot, and close every running or stopping allocation of the node that the new boot
+        does not report (its workload ended with the old boot: the agent re-adopts whatever survived) with reason
+        `node_rebooted`, billing ending at the node's last heartbeat (as for a lost node, I8), and requeue their
+        jobs; no wait for the lost grace. Starting allocations are left to the reconcile, which sends their launch
+        again. Returns allocations closed (0 for the boot on record: a reconnect, or a control plane restart)."""
+        closed: list[str] = []
+        with self.db.session() as session:
+            node = session.get(Node, node_id)
+            if node is None or node.boot_id == boot_id:
+                return 0
+            node.boot_id = boot_id
+            last_seen = _utc(node.last_seen) if node.last_seen is not None else None
+            for allocation in session.scalars(select(Allocation).where(
+                    Allocation.node_id == node_id, Allocation.state.in_(("running", "stopping")))):
+                if (allocation.id, allocation.attempt) in reported:
+                    continue
+                released_now(allocation, "node_rebooted", None, session)
+                started = _utc(allocation.started_at) if allocation.started_at is not None else None
+                if last_seen is not None:  # never before the attempt's confirmed start
+                    allocation.released_at = max(last_seen, started) if started is not None else last_seen
+                closed.append(allocation.id)
+                job = session.get(Job, allocation.job_id)
+                if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
+                    self._requeue(session, job, f"node rebooted: task {allocation.task_index} ended with it")
+        for allocation_id in closed:  # after the commit, as in node_lost
+            self.cache.release(allocation_id)
+        if closed:
+            self.wake()
+        return len(closed)
+
     def node_lost(self, node_id: str, last_seen: float | None, epoch: int | None = None) -> int:
         """In one transaction: mark the node lost, release every open allocation of it and requeue its jobs;
         returns jobs requeued. With `epoch` (and a `fence`), the transaction is fenced: `Fenced` is raised and
@@ -176,6 +222,19 @@ class Lifecycle:
                     job.reason = {"kind": "runtime_limit", "message": f"ran past its {limit} s limit", "details": []}
                     session.add(JobEvent(job_id=job.id, kind="timed_out", message=f"runtime limit {limit} s"))
                     self._stop_all(session, job, "runtime limit")
+
+
+def _stale(allocation: Allocation, status: TaskStatus) -> str | None:
+    """Why `status` may not change `allocation` (see Lifecycle.on_status), or None."""
+    if allocation.attempt != status.attempt:
+        return f"stale attempt: allocation {allocation.id} is attempt {allocation.attempt}, not {status.attempt}"
+    if allocation.released_at is not None:
+        return f"stale attempt: allocation {allocation.id} was released ({allocation.release_reason})"
+    return None
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _at(epoch_s: float):  # noqa: ANN202 - a datetime

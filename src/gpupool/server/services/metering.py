@@ -50,7 +50,7 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
     """Write ledger entries for every started allocation up to what is billable now; returns entries written."""
     prices = {p.model: p.cents_per_gpu_hour for p in session.scalars(select(Price))}
     nodes = {n.id: n for n in session.scalars(select(Node))}
-    models = {(g.node_id, g.index): g.model for g in session.scalars(select(Gpu))}
+    models = {(node, index): model for node, index, model in session.execute(select(Gpu.node_id, Gpu.index, Gpu.model))}
     written: list[LedgerEntry] = []
     rows = session.scalars(select(Allocation).where(Allocation.started_at.is_not(None), or_(
         Allocation.released_at.is_(None), Allocation.metered_until.is_(None),

@@ -58,23 +58,12 @@ def list_projects(session: Session, principal: Principal) -> list[api.ProjectOut
     orgs = {o.id: o.name for o in session.scalars(select(Org))}
     rows = session.scalars(select(Project).order_by(Project.name))
     return [api.ProjectOut(id=p.id, name=p.name, org=orgs[p.org_id], cost_centre=p.cost_centre)
-            for p in rows if _visible(principal, p.org_id) and _member(principal, p.name)]
+            for p in rows if _visible(principal, p.org_id) and member(principal, p.name)]
 
 
-def _member(principal: Principal, project: str) -> bool:
+def member(principal: Principal, project: str) -> bool:
+    """Whether the caller may see and use `project` of its organisation."""
     return principal.at_least("tenant-admin") or project in principal.projects
-
-
-def project_for(session: Session, principal: Principal, name: str | None) -> Project:
-    """The project a job goes to: named, else the caller's first project; 404 outside the caller's reach."""
-    if name is None:
-        if not principal.projects:
-            raise HTTPException(422, "project: you belong to no project; name one with --project")
-        name = principal.projects[0]
-    project = session.scalar(select(Project).where(Project.org_id == principal.org_id, Project.name == name))
-    if project is None or not _member(principal, name):
-        raise HTTPException(404, f"project {name!r} not found")
-    return project
 
 
 def create_user(session: Session, principal: Principal, body: api.UserCreate) -> api.UserOut:
@@ -150,10 +139,15 @@ def _not_above(principal: Principal, user: User) -> None:
         raise HTTPException(403, f"user {user.name!r} holds a higher role than yours")
 
 
+#: Join tokens are `id.secret` (kubeadm style): a public id of 64 random bits (hex, the row's key and what the audit
+#: log names) and a secret of 256 random bits (hex), stored only as its SHA-256 hash and compared in constant time.
+JOIN_TOKEN_ID_BYTES, JOIN_TOKEN_SECRET_BYTES = 8, 32
+
+
 def create_join_token(session: Session, principal: Principal, body: api.JoinTokenCreate) -> api.JoinTokenOut:
-    """A single-use token that lets one agent register (`id.secret`, kubeadm style)."""
+    """A single-use token that lets one agent register (`id.secret`, see JOIN_TOKEN_SECRET_BYTES)."""
     require(principal, "operator")
-    token_id, secret = secrets.token_hex(3), secrets.token_hex(8)
+    token_id, secret = secrets.token_hex(JOIN_TOKEN_ID_BYTES), secrets.token_hex(JOIN_TOKEN_SECRET_BYTES)
     expires = datetime.now(UTC) + timedelta(seconds=body.ttl_s)
     session.add(JoinToken(id=token_id, secret_hash=hash_secret(secret), expires_at=expires))
     return api.JoinTokenOut(token=f"{token_id}.{secret}", expires_at=expires)
