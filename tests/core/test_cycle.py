@@ -34,6 +34,17 @@ def test_gang_places_all_tasks_or_none():
     assert "task 3 of 3" in result.pending["too-big"].message
 
 
+def test_each_job_is_told_which_of_its_own_tasks_fits_nowhere():
+    """The "no node fits" explanation is reused across jobs of one shape, but each job's message counts its own
+    tasks (a cached reason once told a one-task job about "task 1 of 4")."""
+    table = table_of(make_node("a", gpus=1))
+    gang = make_job("gang", *[make_shape(1000, gpu_count=2)] * 4)
+    single = make_job("single", make_shape(1000, gpu_count=2), submitted_at=1)
+    result = _run(table, gang, single)
+    assert "task 1 of 4" in result.pending["gang"].message
+    assert "the task" in result.pending["single"].message
+
+
 def test_min_tasks_lets_an_elastic_gang_start_partially():
     table = table_of(make_node("a", gpus=2))
     job = make_job("elastic", *[make_shape(1000)] * 3, min_tasks=2)

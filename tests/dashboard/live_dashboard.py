@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ except ImportError:  # the tests skip (see conftest.py)
 
 from gpupool.agent.runtime.process import load_handle
 from gpupool.agent.runtime.procfs import host_boot_id, read_stat
-from gpupool.devtools.harness import Server, stop_server
+from gpupool.devtools.harness import Server, stop_server, wait_for
 
 CHROMIUM = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")  # the ELF binary first: the wrapper script is noisy
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -38,17 +37,6 @@ SERVER_ENV = {
 }
 AGENTS = {"node-a": "2xA100-80GB", "node-b": "4xH100-80GB"}
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, step_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(step_s)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import httpx
 
 from gpupool.agent.runtime.process import load_handle
 from gpupool.agent.runtime.procfs import host_boot_id, read_stat
-from gpupool.devtools.harness import Server, start_server, stop_server
+from gpupool.devtools.harness import Server, start_server, stop_server, wait_for
 from gpupool.server.check import run_checks
 
 # RELIABILITY.md §2.2 scaled by 1/20 (lost grace G 3 s, self-fence F 2 s): F + grace < G as the server checks.
@@ -85,18 +85,6 @@ def read_marker(path: Path) -> Marker | None:
         done = done or parts[0] == "done"
         stamps.append(float(parts[-1]))
     return Marker(pid, min(stamps), max(stamps), done) if stamps else None
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, step_s: float = 0.1) -> Any:
-    """Poll `predicate` until it returns something truthy (returned) or `timeout_s` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(step_s)
 
 
 @dataclass
@@ -237,8 +225,8 @@ class Cluster:
     # agents ------------------------------------------------------------------------------------
 
     def start_agent(self, name: str, fake_gpus: str = "2xA100-80GB", *, join: bool = True,
-                    prefix: Sequence[str] = (), server_url: str | None = None) -> Agent:
-        """Start (or restart, with `join=False`: the saved credential) the agent `name`."""
+                    prefix: Sequence[str] = (), server_url: str | None = None, extra: Sequence[str] = ()) -> Agent:
+        """Start (or restart, with `join=False`: the saved credential) the agent `name`, with `extra` arguments."""
         agent = self.agents.get(name)
         if agent is None:
             folder = self.root / "agents" / name
@@ -251,6 +239,7 @@ class Cluster:
                    "--name", name, "--fake-gpus", fake_gpus]
         if join:
             command += ["--join-token", self.join_token()]
+        command += extra
         with open(agent.log_path, "ab") as log:
             agent.spawned_at = time.time()
             agent.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

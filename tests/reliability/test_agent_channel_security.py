@@ -33,7 +33,6 @@ import os
 import signal
 import sqlite3
 import ssl
-import subprocess
 import threading
 import time
 import uuid
@@ -44,7 +43,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_cluster import AGENT, Agent, Cluster, wait_for
+from agent_cluster import Agent, Cluster, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect as async_connect
@@ -554,15 +553,7 @@ def test_the_agent_refuses_a_control_plane_whose_key_is_not_pinned(cluster: Clus
         other = key_hash(OrderSigner.generate().public_key)
         for name, pin, joins in ((f"pin-wrong-{uuid.uuid4().hex[:6]}", other, False),
                                  (f"pin-right-{uuid.uuid4().hex[:6]}", real, True)):
-            folder = cluster.root / "agents" / name
-            folder.mkdir(parents=True)
-            agent = Agent(name, folder / "data", folder / "agent.log", "")
-            with open(agent.log_path, "ab") as out:
-                agent.process = subprocess.Popen(
-                    [*AGENT, "--server", cluster.url, "--data-dir", str(agent.data_dir), "--name", name,
-                     "--fake-gpus", "", "--join-token", join_token(cluster), "--cp-key-hash", pin],
-                    stdout=out, stderr=subprocess.STDOUT)
-            cluster.agents[name] = agent  # stopped with the cluster
+            agent = cluster.start_agent(name, "", extra=("--cp-key-hash", pin))  # stopped with the cluster
             if joins:
                 cluster.wait_ready([name])
                 wait_for((agent.data_dir / "node.json").exists, 30, "the agent to save its identity")

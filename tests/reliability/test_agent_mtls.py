@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_cluster import AGENT, SCALED, Agent, Cluster
+from agent_cluster import SCALED, Cluster
 from test_agent_channel_security import CaseBook, book, join_token, registration  # noqa: F401 - `book` is a fixture
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import connect
@@ -190,15 +189,7 @@ def test_the_agent_refuses_a_control_plane_whose_ca_is_not_pinned(cluster: Clust
         other = AgentCA.load_or_create(tmp_path / "other-ca").hash
         for name, pin, joins in ((f"ca-wrong-{uuid.uuid4().hex[:6]}", other, False),
                                  (f"ca-right-{uuid.uuid4().hex[:6]}", real, True)):
-            folder = cluster.root / "agents" / name
-            folder.mkdir(parents=True)
-            agent = Agent(name, folder / "data", folder / "agent.log", "")
-            with open(agent.log_path, "ab") as out:
-                agent.process = subprocess.Popen(
-                    [*AGENT, "--server", cluster.url, "--data-dir", str(agent.data_dir), "--name", name,
-                     "--fake-gpus", "", "--join-token", join_token(cluster), "--ca-hash", pin],
-                    stdout=out, stderr=subprocess.STDOUT)
-            cluster.agents[name] = agent  # stopped with the cluster
+            agent = cluster.start_agent(name, "", extra=("--ca-hash", pin))  # stopped with the cluster
             if joins:
                 cluster.wait_ready([name])
                 identity = json.loads((agent.data_dir / "node.json").read_text())

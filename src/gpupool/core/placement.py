@@ -29,6 +29,8 @@ from gpupool.core.nodes import NodeKind, NodeState, NodeTable
 INFEASIBLE = np.iinfo(np.int64).min
 FEASIBLE_MIN = INFEASIBLE + (1 << 20)
 TieBreak = Literal["name", "random"]
+#: the rejection reason of nodes a caller excludes (held by reservations)
+RESERVED = "node reserved for another job"
 _MEMO_LIMIT = 2_000_000
 
 
@@ -108,11 +110,16 @@ class Placer:
         entry.seen = table.seq
         return entry
 
-    def choose(self, table: NodeTable, shape: TaskShape, rng: random.Random) -> int | None:
-        """Index of the node to place `shape` on, or None if no node is feasible."""
+    def choose(self, table: NodeTable, shape: TaskShape, rng: random.Random,
+               excluded: frozenset[int] = frozenset()) -> int | None:
+        """Index of the node to place `shape` on, or None if no node is feasible; nodes in `excluded` are
+        treated as infeasible (as if unschedulable, without changing the table or its caches)."""
         if len(table) == 0:
             return None
         scores = self.scores(table, shape)
+        if excluded:
+            scores = scores.copy()
+            scores[list(excluded)] = INFEASIBLE
         best = int(scores.argmax())
         if scores[best] < FEASIBLE_MIN:
             return None
@@ -124,13 +131,22 @@ class Placer:
     def pick(self, table: NodeTable, i: int, shape: TaskShape, rng: random.Random) -> tuple[DeviceShare, ...]:
         return self.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
 
-    def explain(self, table: NodeTable, shape: TaskShape) -> list[tuple[str, int]]:
+    def explain(self, table: NodeTable, shape: TaskShape,
+                excluded: frozenset[int] = frozenset()) -> list[tuple[str, int]]:
         """Why nodes reject `shape`: (reason, node count) pairs, most common first (kept until the table
-        changes: many pending jobs of one shape ask in a row)."""
+        changes: many pending jobs of one shape ask in a row). Nodes in `excluded` count as reserved."""
+        if excluded:
+            scores = self._current(table, shape).scores.copy()
+            scores[list(excluded)] = INFEASIBLE + self._reason_id(RESERVED)
+            return _reasons(scores, self._reasons)
         entry = self._current(table, shape)
         if entry.explained_at != table.seq:
-            scores = entry.scores
-            ids, counts = np.unique(scores[scores < FEASIBLE_MIN] - INFEASIBLE, return_counts=True)
-            pairs = [(self._reasons[int(i)], int(c)) for i, c in zip(ids, counts, strict=True)]
-            entry.explained, entry.explained_at = sorted(pairs, key=lambda kv: (-kv[1], kv[0])), table.seq
+            entry.explained, entry.explained_at = _reasons(entry.scores, self._reasons), table.seq
         return list(entry.explained)
+
+
+def _reasons(scores: np.ndarray, names: list[str]) -> list[tuple[str, int]]:
+    """(reason, count) over the rejected entries of `scores`, most common first, then by reason."""
+    counts = np.bincount(scores[scores < FEASIBLE_MIN] - INFEASIBLE)
+    pairs = [(names[int(i)], int(counts[i])) for i in np.flatnonzero(counts)]
+    return sorted(pairs, key=lambda kv: (-kv[1], kv[0]))

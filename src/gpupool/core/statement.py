@@ -38,6 +38,7 @@ class Workspace:
         self.overlay: dict[str, RunningTask | None] = {}
         self.journal: list[tuple[int, object, object]] = []
         self.tree = snapshot.queues
+        self._snapshot_jobs: dict[str, list[str]] | None = None  # job id -> its task ids running at the start
         #: resources in use per queue (leaf and ancestors), kept in step with every change
         self.usage: dict[str, ResourceVector] = {}
         if self.tree is not None and snapshot.queue_usage is not None:
@@ -70,6 +71,16 @@ class Workspace:
     def running_tasks(self) -> list[RunningTask]:
         """Every task running as of now in this cycle, in task-id order."""
         ids = set(self.snapshot.running) | set(self.overlay)
+        return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
+
+    def job_tasks(self, job_id: str) -> list[RunningTask]:
+        """Every task of `job_id` running as of now in this cycle, in task-id order."""
+        if self._snapshot_jobs is None:
+            self._snapshot_jobs = {}
+            for task in self.snapshot.running.values():
+                self._snapshot_jobs.setdefault(task.job_id, []).append(task.task_id)
+        ids = set(self._snapshot_jobs.get(job_id, ()))
+        ids.update(i for i, t in self.overlay.items() if t is not None and t.job_id == job_id)
         return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
 
     def set_node(self, i: int, state: NodeState) -> None:

@@ -45,7 +45,7 @@ class AllocateAction(Action):
         plan = None
         if self.backfill != "none" or self.reserve_after_s is not None:
             plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
-        failed: dict[TaskShape, tuple[int, PendingReason]] = {}
+        failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]] = {}
         for job in cycle.pending_order():
             blockers = plan.blockers(job) if plan else []
             reason = _try(cycle, job, blockers, failed)
@@ -59,44 +59,32 @@ class AllocateAction(Action):
 
 
 def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation],
-         failed: dict[TaskShape, tuple[int, PendingReason]]) -> PendingReason | None:
+         failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]]) -> PendingReason | None:
     """Start `job` now if it fits off the blocking reservations and under quota; else why not."""
     precheck = cycle.quota_precheck(job)
     if precheck:
         return PendingReason(PendingKind.OVER_QUOTA, precheck)
+    states = cycle.workspace.table.states
+    fenced = frozenset(i for r in blockers for i in r.nodes if states[i].schedulable)
     with cycle.statement() as stmt:
-        fenced = _fence(stmt, blockers)
-        reason = place_gang(cycle, job, stmt, failed if not fenced else {})
+        reason = place_gang(cycle, job, stmt, failed, fenced)
         if reason is None:
             quota = cycle.quota_reason(job)
             if quota:
                 return PendingReason(PendingKind.OVER_QUOTA, quota)
-            _unfence(stmt, fenced)
             cycle.emit(job, stmt.commit())
             return None
-    if fenced and reason.kind is PendingKind.NO_NODE_FITS and _fits_unfenced(cycle, job):
+    if fenced and reason.kind is PendingKind.NO_NODE_FITS and _fits_unfenced(cycle, job, failed):
         holder = min(blockers, key=lambda r: r.start)
         return PendingReason(PendingKind.RESERVED_FOR,
                              f"nodes it fits on are reserved for job {holder.job_id} from t={holder.start:.0f}")
     return reason
 
 
-def _fence(stmt: Statement, blockers: list[Reservation]) -> list[int]:
-    states = stmt.ws.table.states
-    fenced = sorted({i for r in blockers for i in r.nodes if states[i].schedulable})
-    for i in fenced:
-        stmt.set_schedulable(i, False)
-    return fenced
-
-
-def _unfence(stmt: Statement, fenced: list[int]) -> None:
-    for i in fenced:
-        stmt.set_schedulable(i, True)
-
-
-def _fits_unfenced(cycle: Cycle, job: JobSpec) -> bool:
+def _fits_unfenced(cycle: Cycle, job: JobSpec,
+                   failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]]) -> bool:
     with cycle.statement() as stmt:
-        return place_gang(cycle, job, stmt, {}) is None
+        return place_gang(cycle, job, stmt, failed) is None
 
 
 def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
@@ -106,20 +94,23 @@ def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
 
 
 def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement,
-               failed: dict[TaskShape, tuple[int, PendingReason]]) -> PendingReason | None:
-    """Place `job`'s tasks in `stmt`; None when at least `min_tasks` are placed, else the reason.
+               failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]],
+               fenced: frozenset[int] = frozenset()) -> PendingReason | None:
+    """Place `job`'s tasks in `stmt` off the `fenced` nodes; None when at least `min_tasks` are placed, else
+    the reason.
 
-    `failed` remembers shapes that found no node at a table position, to skip identical retries.
+    `failed` remembers, per (shape, fence), the table position where no node fitted and why, to skip identical
+    retries.
     """
     placer, table = cycle.framework.placer, cycle.workspace.table
     for k, task in enumerate(job.tasks):
-        known = failed.get(task.shape)
-        if known is not None and known[0] == table.seq:
-            return None if k >= job.min_tasks else known[1]
-        i = placer.choose(table, task.shape, cycle.rng)
-        if i is None:
-            reason = no_node_fits(len(table), placer.explain(table, task.shape), k, len(job.tasks))
-            failed[task.shape] = (table.seq, reason)
-            return None if k >= job.min_tasks else reason
-        stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
+        key = (task.shape, fenced)
+        known = failed.get(key)
+        if known is None or known[0] != table.seq:
+            i = placer.choose(table, task.shape, cycle.rng, fenced)
+            if i is not None:
+                stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
+                continue
+            known = failed[key] = (table.seq, placer.explain(table, task.shape, fenced))
+        return None if k >= job.min_tasks else no_node_fits(len(table), known[1], k, len(job.tasks))
     return None

@@ -46,6 +46,7 @@ class ReclaimAction(Action):
         # Running tasks, victims and job sizes are gathered when a first job may reclaim (most cycles have none).
         units: _JobUnits | None = None
         evictable: list[RunningTask] | None = None  # in victim order, so later sorts of subsequences are linear
+        others: dict[str, list[RunningTask]] = {}  # per reclaiming queue: the evictable tasks of other queues
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
@@ -56,12 +57,17 @@ class ReclaimAction(Action):
                 units = _JobUnits(cycle, running)
                 evictable = list(cycle.framework.victims.order_victims(
                     job, [t for t in running if _evictable(cycle, tree, t)]))
-            candidates = [t for t in evictable if t.queue != job.queue and cycle.workspace.running(t.task_id)]
+            candidates = others.get(job.queue)
+            if candidates is None:  # other queues' tasks still running; unchanged until something is evicted
+                candidates = others[job.queue] = [t for t in evictable
+                                                  if t.queue != job.queue and cycle.workspace.running(t.task_id)]
             if candidates:
                 may_take = _KeepsShare(cycle, tree, job, units)
                 evicted = start_by_evicting(cycle, job, candidates, may_take, left, "reclaimed")
                 attempts.record(job, evicted)
                 left -= evicted
+                if evicted:
+                    others = {}
 
 
 def _under_share(cycle: Cycle, job: JobSpec) -> bool:

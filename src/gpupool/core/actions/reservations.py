@@ -79,15 +79,18 @@ class ReservationPlan:
         releases = sorted((t.expected_end, t.task_id) for t in ws.running_tasks() if t.expected_end is not None)
         k, at = 0, now
         while True:
+            touched = set()
             while k < len(releases) and releases[k][0] <= at:
                 task = ws.running(releases[k][1])
                 k += 1
                 if task is not None:
                     i = table.index[task.node]
                     states[i] = states[i].give(task.shape, task.shares)
-                    fresh = copies_fit(table.kinds[i], states[i], shape)
-                    total += fresh - copies[i]
-                    copies[i] = fresh
+                    touched.add(i)
+            for i in touched:  # once per node and time step: many tasks may end at once (or be overdue)
+                fresh = copies_fit(table.kinds[i], states[i], shape)
+                total += fresh - copies[i]
+                copies[i] = fresh
             if total >= job.min_tasks:
                 nodes = self._fit(job, states, self._held(at, at + estimate))
                 if nodes is not None:

@@ -31,18 +31,23 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     """(node index, victims used) for a node freed for `shape` within `allowance`; None if none works."""
     table, ws = cycle.workspace.table, cycle.workspace
     by_node: dict[int, list[RunningTask]] = {}
+    freed: dict[int, int] = {}
     for task in victims:
         current = ws.running(task.task_id)
         if current is not None and current.node == task.node:  # earlier changes may have moved or evicted it
-            by_node.setdefault(table.index[current.node], []).append(current)
+            i = table.index[current.node]
+            by_node.setdefault(i, []).append(current)
+            freed[i] = freed.get(i, 0) + current.shape.total_gpu_milli
     candidates = []
-    for i, tasks in by_node.items():
+    for _, _, i in sorted((milli, table.names[i], i) for i, milli in freed.items()):
         kind = table.kinds[i]
         if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
             continue
-        if table.states[i].schedulable and not node_fits(kind, _without(table.states[i], tasks), shape):
-            candidates.append((sum(t.shape.total_gpu_milli for t in tasks), table.names[i], i))
-    for _, _, i in sorted(candidates)[:CANDIDATE_NODES]:
+        if table.states[i].schedulable and not node_fits(kind, _without(table.states[i], by_node[i]), shape):
+            candidates.append(i)
+            if len(candidates) == CANDIDATE_NODES:
+                break
+    for i in candidates:
         checkpoint = stmt.checkpoint()
         used = _free(cycle, stmt, i, shape, by_node[i], may_take, relocate, allowance, reason)
         if used is not None:
@@ -97,6 +102,5 @@ def _move(cycle: Cycle, stmt: Statement, task: RunningTask) -> bool:
 
 def evict_job(cycle: Cycle, stmt: Statement, job_id: str, reason: str) -> None:
     """Evict every task of `job_id` still running in this cycle."""
-    for task in cycle.workspace.running_tasks():
-        if task.job_id == job_id:
-            stmt.evict(task, reason)
+    for task in cycle.workspace.job_tasks(job_id):
+        stmt.evict(task, reason)
