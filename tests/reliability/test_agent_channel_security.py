@@ -19,8 +19,10 @@ Cases covered (numbers of §3.2 S7):
   12 Hypothesis-generated, malformed, binary, deeply nested and oversized frames: rejected, and the control plane
      keeps serving every other agent.
 Cases 1, 2, 7 (CA pin), 8 and 9 (mTLS) are in test_agent_mtls.py, which marks its parts in the same CaseBook folder.
-Not covered: 11 (secret requests by agents: secrets are another piece of work). The figure line `S7  cases=k/12 ...`
-is printed once per session (see CaseBook), by whichever of the two modules marks the last part.
+  11 a node's credential asks the API for a job and its secrets: refused (agents have no route to secrets); a job's
+     secret values travel only in the launch order to the node that runs it, never to another node.
+The figure line `S7  cases=k/12 ...` is printed once per session (see CaseBook), by whichever of the two modules
+marks the last part.
 """
 
 from __future__ import annotations
@@ -71,8 +73,7 @@ ENV = {
 COVERED = {1: ("mtls_no_cert",), 2: ("mtls_other_ca",), 3: ("foreign", "mtls_swapped"), 4: ("replay", "liveness"),
            5: ("join",), 6: ("join",), 7: ("pin_join", "pin_orders", "mtls_ca_pin"),
            8: ("mtls_revoked", "mtls_expired"), 9: ("mtls_renewal",),
-           10: ("signed", "tampered", "expired", "misdelivered"), 12: ("fuzz", "oversized")}
-NOT_COVERED = (11,)
+           10: ("signed", "tampered", "expired", "misdelivered"), 11: ("secrets",), 12: ("fuzz", "oversized")}
 
 
 # the figure: one line per session, whichever xdist worker finishes the last covered test --------------------------
@@ -106,8 +107,7 @@ class CaseBook:
             return
         passed = [case for case, parts in COVERED.items() if all(marks[p] == ".pass" for p in parts)]
         failed = sorted(set(COVERED) - set(passed))
-        figure(f"S7  cases={len(passed)}/12 passed={_ids(passed)} failed={_ids(failed)} "
-               f"not_covered={_ids(NOT_COVERED)} (11: no agent secret requests)")
+        figure(f"S7  cases={len(passed)}/12 passed={_ids(passed)} failed={_ids(failed)}")
 
 
 def _ids(cases: Any) -> str:
@@ -599,6 +599,34 @@ def test_orders_are_signed_for_their_node(cluster: Cluster, book: CaseBook) -> N
         stop = Stop.model_validate(hand.order("stop"))
         assert stop.node_id == node.node_id and OrderVerifier(node.order_key).verify(stop)
         hand.close()
+
+
+# case 11: secrets ---------------------------------------------------------------------------------------------------
+
+
+def test_a_node_gets_only_the_secrets_of_work_placed_on_it(cluster: Cluster, book: CaseBook) -> None:
+    with book.part("secrets"):
+        a, b = hand_node(cluster, gpus=1), hand_node(cluster, gpus=1)
+        a_hand, b_hand = Hand(cluster.url, a.credential), Hand(cluster.url, b.credential)
+        try:
+            assert a_hand.say("hello", running=[])["type"] == "ack" and b_hand.say("hello", running=[])["type"] == "ack"
+            secret = f"s7-secret-{uuid.uuid4().hex}"
+            job_id = cluster.submit(command=["sleep", "600"], gpus="1", gpu_models=[b.name.replace("-", "")],
+                                    secret_env={"S7_SECRET": secret})
+            assert b_hand.order()["env"]["S7_SECRET"] == secret  # the node that runs it gets it, in its order
+            a_hand.quiet(2.0)
+            assert secret not in json.dumps(a_hand.orders + a_hand.answers)
+            for node in (a, b):  # a node's credential sees no job (404), lists none, and never a secret
+                api = httpx.Client(base_url=f"{cluster.url}/api/v1", timeout=30,
+                                   headers={"Authorization": f"Bearer {node.credential}"})
+                with api:
+                    assert api.get(f"/jobs/{job_id}").status_code == 404
+                    listed = api.get("/jobs")
+                    assert listed.json()["items"] == [] and secret not in listed.text, listed.text
+            cluster.api.post(f"/jobs/{job_id}/cancel")
+        finally:
+            a_hand.close()
+            b_hand.close()
 
 
 # case 12: malformed and oversized frames -----------------------------------------------------------------------------
