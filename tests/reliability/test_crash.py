@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,10 +52,12 @@ from gpupool.devtools.harness import (
     Server,
     free_port,
     kill_server,
-    restart_server,
+    server_log,
+    spawn_server,
     stable_port,
     start_server,
     stop_server,
+    wait_ready,
 )
 from gpupool.protocol.agent import Hello
 from gpupool.server.agent_hub import AgentHub
@@ -167,7 +169,14 @@ def one_kill(cluster: Cluster, armed: str | None, next_armed: str | None, rng: r
     env = {**server.env, "GPUPOOL_FAILPOINTS": next_armed or ""}
     spawned = time.time()
     tally.restart_gaps.append(spawned - died)
-    cluster.server = restart_server(server, env)
+    process = spawn_server(server.data_dir, server.port, server.database_url, env)
+    cluster.server = replace(server, process=process, env=env)
+    try:
+        wait_ready(server.url, process, server_log(server.data_dir, server.port), poll_s=0.05)
+    except RuntimeError:
+        if next_armed is None or process.returncode != -9:
+            raise
+        return  # the armed failpoint fired while starting up: that is the next kill, which the next call takes
     ready = time.time()
     tally.ready_s.append(ready - spawned)
     tally.reconnect_s += reconnects(cluster, spawned, ready, timeout_s=35)
