@@ -42,12 +42,16 @@ test: lint system-deps
 	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 -p no:cacheprovider
 
 # Reliability soak (RELIABILITY.md §3.1, full counts: T1 100 kills / 500 jobs on SQLite and PostgreSQL, every
-# migration kill point, longer disk-full holds). Every figure line the tests print lands in reports/reliability.md.
+# migration kill point, longer disk-full holds) and the security tests of §3.2 that print figure lines. Every figure
+# line the tests print lands in reports/reliability.md.
 FIGURES := reports/.figures.txt
+SECURITY := tests/server/test_isolation.py tests/server/test_fuzz.py tests/server/test_security.py \
+  tests/server/test_untrusted_input.py tests/server/test_workload_isolation.py tests/agent/test_runtime_container.py \
+  tests/agent/test_toolkit_gate.py tests/agent/test_gpu_visibility.py tests/core/test_share_groups.py
 soak: install system-deps
 	mkdir -p reports && rm -f $(FIGURES)
 	GPUPOOL_SOAK=1 GPUPOOL_FIGURES=$(abspath $(FIGURES)) GPUPOOL_SHARED=$(SHARED) \
-	  $(PY) -m pytest tests/reliability -n 2 -p no:cacheprovider > reports/.soak.log 2>&1; status=$$?; \
+	  $(PY) -m pytest tests/reliability $(SECURITY) -n 2 -p no:cacheprovider > reports/.soak.log 2>&1; status=$$?; \
 	  tail -n 30 reports/.soak.log; \
 	  $(PY) -m gpupool.devtools.figures $(FIGURES) reports/.soak.log --out reports/reliability.md \
 	    --command "make soak"; exit $$status

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from gpupool.devtools.figures import Parts, figure, session_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,3 +30,51 @@ def openb() -> Path:
     if not (OPENB / "openb_node_list_gpu_node.csv").is_file():
         pytest.skip(f"shared openb trace not found at {OPENB}")
     return OPENB
+
+
+# S8 of RELIABILITY.md §3.2, CPU tier: its cases live in tests/agent, tests/server and tests/core; one figure line ----
+
+S8_CASES = {  # case -> the parts (tests) it takes
+    "runtime spec": ("runtime_spec",),
+    "visible devices": ("visible_devices",),
+    "toolkit gate": ("toolkit_gate_agent", "toolkit_gate_scheduler"),
+    "sharing within one tenant": ("share_groups",),
+}
+
+
+class S8Book:
+    """Each S8 test records its part (passed or not, with its numbers) with `case`; the test that records the last
+    part prints the S8 figure line, on whichever xdist worker it runs."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+
+    @contextlib.contextmanager
+    def case(self, part: str) -> Iterator[dict[str, Any]]:
+        """Record `part` as passed when the block ends normally, failed when it raises; the numbers the block
+        leaves in the yielded dict go with it."""
+        numbers: dict[str, Any] = {}
+        passed = False
+        try:
+            yield numbers
+            passed = True
+        finally:
+            found = self.parts.add(part, passed=passed, **numbers)
+            if found is not None:
+                figure(self.line(found))
+
+    @staticmethod
+    def line(found: dict[str, dict[str, Any]]) -> str:
+        passed = [case for case, parts in S8_CASES.items() if all(found[p]["passed"] for p in parts)]
+        shares = found["share_groups"]
+        failed = ",".join(sorted(set(S8_CASES) - set(passed))) or "none"
+        device = "see S8d (tests/agent/test_gpu_visibility.py)" if shutil.which("nvidia-smi") else "not run: no device"
+        return (f"S8  cpu-tier cases={len(passed)}/{len(S8_CASES)} cross_tenant_coresidency="
+                f"{shares.get('coresident', '?')}/{shares.get('placements', '?')} failed={failed} ; "
+                f"device-tier {device}")
+
+
+@pytest.fixture(scope="session")
+def s8(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> S8Book:
+    folder = session_folder(tmp_path_factory.getbasetemp(), worker_id, "s8-parts")
+    return S8Book(Parts(folder, [part for parts in S8_CASES.values() for part in parts]))

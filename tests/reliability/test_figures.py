@@ -41,3 +41,15 @@ def test_main_writes_the_report_with_date_machine_and_command(tmp_path: Path):
     text = out.read_text()
     assert "| T6 | `disk_full_events=2 lost=0 partial=0 recover_s=0.01 integrity=ok` |" in text
     assert "- command: `make soak`" in text and "- date: " in text and "CPUs" in text
+
+
+def test_parts_hand_every_part_to_the_one_add_that_completes_them(tmp_path: Path):
+    folder = figures.session_folder(tmp_path / "popen-gw1", "gw1", "s9-parts")
+    assert folder == tmp_path / "s9-parts"
+    first, second = figures.Parts(folder, ["a/1 x", "b"]), figures.Parts(folder, ["a/1 x", "b"])  # two workers
+    assert first.add("a/1 x", n=1) is None
+    assert first.add("a/1 x", n=2) is None  # replaced, not added
+    assert second.add("b", n=3) == {"a/1 x": {"n": 2}, "b": {"n": 3}}
+    assert first.add("b", n=3) is None  # once only
+    with pytest.raises(ValueError, match="not one of the expected parts"):
+        first.add("c")

@@ -13,6 +13,11 @@ names cannot be enumerated (one known exception is marked `oracle` and xfails). 
 project admin, tenant admin, operator, agent, anonymous) against every route on its own tenant, against the
 table ROWS. `test_every_route_has_an_isolation_case_and_a_role_row` fails on a route of the spec missing from
 either table, so a new route cannot slip in untested.
+
+Each backend prints the S1 and S2 figure lines of RELIABILITY.md §3.3 with what the tests counted: every test
+leaves its numbers as a part (gpupool.devtools.figures.Parts), and the test leaving the last part prints the line.
+A case counts as a cross-tenant success when B got a success where the table expects a refusal, or an answer
+carrying A's ids, log lines or objects; as a side effect when A's state changed.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from gpupool.devtools.figures import Parts, figure, session_folder
 from gpupool.devtools.hand_tls import HandTls, channel_url
 from gpupool.devtools.harness import Postgres, Server, free_port, start_server, stop_server
 
@@ -373,6 +379,43 @@ CASES = [
          lambda c, t, w: c.get("/audit", params={"org": t.org}), 403, 403),
 ]
 CALLERS = ("tenant-admin", "member")
+S1_PARTS = ["routes"] + [f"case {i} as {caller}" for i in range(len(CASES)) for caller in CALLERS]
+
+
+@dataclass
+class Figures:
+    """The parts of this backend's S1 and S2 lines (see the module docstring)."""
+
+    backend: str
+    s1: Parts
+    s2: Parts
+
+    def s1_part(self, name: str, **numbers: Any) -> None:
+        found = self.s1.add(name, **numbers)
+        if found is not None:
+            routes, cases = found.pop("routes"), found.values()
+            covered = len(routes["spec"]) - len(routes["without_case"])
+            figure(f"S1  routes={covered}/{len(routes['spec'])} covered={100 * covered // len(routes['spec'])}% "
+                   f"cases={len(cases)} cross_tenant_success={sum(c['success'] for c in cases)} "
+                   f"side_effects={sum(c['side_effect'] for c in cases)} "
+                   f"answered_like_missing={sum(c['like_missing'] for c in cases)}/{len(cases)} "
+                   f"known_oracles={sum(c['oracle'] for c in cases)} ({self.backend})")
+
+    def s2_part(self, name: str, **numbers: Any) -> None:
+        found = self.s2.add(name, **numbers)
+        if found is not None:
+            routes, rows = found.pop("routes"), found.values()
+            covered = len(routes["spec"]) - len(routes["without_row"])
+            figure(f"S2  cells={sum(r['cells'] for r in rows)} mismatches={sum(r['mismatches'] for r in rows)} "
+                   f"roles={len(COLUMNS)} rows={len(rows)} routes={covered}/{len(routes['spec'])} ({self.backend})")
+
+
+@pytest.fixture(scope="module")
+def figures(world: World, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Figures:
+    backend = "postgres" if world.server.database_url else "sqlite"
+    base = tmp_path_factory.getbasetemp()
+    return Figures(backend, Parts(session_folder(base, worker_id, f"s1-{backend}"), S1_PARTS),
+                   Parts(session_folder(base, worker_id, f"s2-{backend}"), S2_PARTS))
 
 
 def _snapshot(w: World) -> dict[str, Any]:
@@ -417,16 +460,24 @@ def _answer(response: httpx.Response, t: Tenant) -> tuple[int, str]:
     return response.status_code, text
 
 
-@pytest.mark.parametrize(("case", "caller"), [
-    pytest.param(case, caller, id=f"{case.route} {case.what} as {caller}") for case in CASES for caller in CALLERS])
-def test_tenant_b_cannot_reach_tenant_a(world: World, case: Case, caller: str) -> None:
+@pytest.mark.parametrize(("index", "caller"), [
+    pytest.param(i, caller, id=f"{case.route} {case.what} as {caller}")
+    for i, case in enumerate(CASES) for caller in CALLERS])
+def test_tenant_b_cannot_reach_tenant_a(world: World, figures: Figures, index: int, caller: str) -> None:
+    case = CASES[index]
     client = world.as_(world.b.tokens[caller])
     before = world.a_state or _snapshot(world)
     real = case.attempt(client, world.a, world)
     ghost_tenant = Tenant.ghost()
     ghost = case.attempt(client, ghost_tenant, world)
     world.a_state = after = _snapshot(world)  # the next case starts from here, so only the culprit fails
-    assert real.status_code == (case.admin if caller == "tenant-admin" else case.member), _show(real)
+    expected = case.admin if caller == "tenant-admin" else case.member
+    unexpected_success = real.is_success and not 200 <= expected < 300
+    like_missing = _answer(real, world.a) == _answer(ghost, ghost_tenant)
+    figures.s1_part(f"case {index} as {caller}", success=bool(unexpected_success or _leaks(real, world.a)),
+                    side_effect=after != before, like_missing=like_missing,
+                    oracle=bool(case.oracle and caller == "tenant-admin" and not like_missing))
+    assert real.status_code == expected, _show(real)
     assert not _leaks(real, world.a), f"A's objects in B's answer: {_leaks(real, world.a)}\n{real.text[:2000]}"
     assert after == before, "B's request changed A's state"
     if case.oracle and caller == "tenant-admin":
@@ -435,8 +486,11 @@ def test_tenant_b_cannot_reach_tenant_a(world: World, case: Case, caller: str) -
     assert _answer(real, world.a) == _answer(ghost, ghost_tenant), "A's objects answer unlike missing ones"
 
 
-def test_every_route_has_an_isolation_case_and_a_role_row(world: World) -> None:
+def test_every_route_has_an_isolation_case_and_a_role_row(world: World, figures: Figures) -> None:
     routes = spec_routes(world.server)
+    spec = sorted(routes)
+    figures.s1_part("routes", spec=spec, without_case=sorted(routes - {c.route for c in CASES}))
+    figures.s2_part("routes", spec=spec, without_row=sorted(routes - {r.route for r in ROWS}))
     assert routes - {c.route for c in CASES} == set(), "routes without an S1 case in CASES"
     assert routes - {r.route for r in ROWS} == set(), "routes without an S2 row in ROWS"
     assert ({c.route for c in CASES} | {r.route for r in ROWS}) - routes == set(), "table rows for no route"
@@ -537,12 +591,17 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
 ]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[f"{r.route} {r.what}".strip() for r in ROWS])
-def test_role_matrix(world: World, row: Row) -> None:
+S2_PARTS = ["routes"] + [f"row {i}" for i in range(len(ROWS))]
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)), ids=[f"{r.route} {r.what}".strip() for r in ROWS])
+def test_role_matrix(world: World, figures: Figures, index: int) -> None:
+    row = ROWS[index]
     world.a_state.clear()  # A's own users change A: S1's saved state of A is stale from here
     answers = {column: row.call(world.caller(column), column, world) for column in COLUMNS}
     wrong = [f"{column}: expected {expected}, got {_show(answers[column])}"
              for column, expected in zip(COLUMNS, row.expect, strict=True) if answers[column].status_code != expected]
+    figures.s2_part(f"row {index}", cells=len(COLUMNS), mismatches=len(wrong))
     assert not wrong, "\n".join(wrong)
 
 

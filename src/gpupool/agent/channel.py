@@ -258,6 +258,7 @@ class ChannelConfig:
     epoch_path: Path | None = None
     node_id: str = ""  # orders naming another node are refused
     order_key: str = ""  # the pinned control-plane key (base64); without one every order is refused
+    untrusted_images: bool | None = None  # the container-toolkit verdict, said in every Hello (gpupool.agent.toolkit)
 
     def __post_init__(self) -> None:
         if min(self.heartbeat_s, self.fence_s, self.tick_s) <= 0 or self.kill_grace_s < 0:
@@ -407,7 +408,8 @@ class Channel:
     async def _serve(self, conn: Connection, stop: asyncio.Event) -> None:
         """Hello, then reader, writer and heartbeats until one of them ends or `stop` is set."""
         hello = Hello(
-            boot_id=self._config.boot_id, seq=self.outbox.next_seq(), running=self.workloads.running_reports()
+            boot_id=self._config.boot_id, seq=self.outbox.next_seq(), running=self.workloads.running_reports(),
+            untrusted_images=self._config.untrusted_images,
         )
         await conn.send(hello.model_dump_json())
         self.connected = True

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from gpupool.agent import toolkit
 from gpupool.agent.channel import (
     Channel,
     ChannelConfig,
@@ -47,7 +48,7 @@ from gpupool.agent.channel import (
 )
 from gpupool.agent.clock import WallClock
 from gpupool.agent.devices import DeviceDiscovery, open_discovery
-from gpupool.agent.runtime.container import open_runtime
+from gpupool.agent.runtime.container import DEFAULT_USER, open_runtime, podman_path
 from gpupool.agent.timing import DEFAULT_KILL_GRACE_S, Backoff, reconnect_cap_s
 from gpupool.agent.tls import ChannelTls, Renewal, csr_for, new_key
 from gpupool.protocol.agent import Registration
@@ -133,14 +134,17 @@ def new_boot_id() -> str:
 
 
 def build_registration(join_token: str, name: str, boot_id: str, discovery: DeviceDiscovery) -> Registration:
+    """This machine's registration, with the container-toolkit verdict (gpupool.agent.toolkit) of what is on PATH."""
     cpu_milli, memory_mib = machine_resources()
+    gpus = discovery.list_devices()
     return Registration(
         join_token=join_token,
         name=name,
         boot_id=boot_id,
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
-        gpus=discovery.list_devices(),
+        gpus=gpus,
+        untrusted_images=toolkit.untrusted_images(podman_path(), toolkit.ctk_path(), gpus),
     )
 
 
@@ -242,7 +246,8 @@ async def _agent(
         log.error("%s holds no channel certificate (saved before the channel used mTLS): remove it and register "
                   "again with a new join token", data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
-    runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s)
+    runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s,
+                           user=os.environ.get("GPUPOOL_CONTAINER_USER", DEFAULT_USER))
     adopted = runtime.adopt()
     log.info("boot %s: adopted %d workload(s) from %s", boot_id, len(adopted), runtime.directory)
     config = ChannelConfig(
@@ -258,6 +263,7 @@ async def _agent(
         epoch_path=data_dir / EPOCH_FILE,
         node_id=identity.node_id,
         order_key=identity.order_key,
+        untrusted_images=toolkit.untrusted_images(podman_path(), toolkit.ctk_path(), discovery.list_devices()),
     )
     try:
         skew_s = float(os.environ.get("GPUPOOL_TEST_CLOCK_SKEW_S", "0"))  # tests of clock skew (RELIABILITY.md T4)

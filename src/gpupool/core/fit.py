@@ -10,22 +10,38 @@ from gpupool.core.units import MILLI
 def fitting_gpus(state: NodeState, shape: TaskShape) -> list[int]:
     """GPU indices (ascending) that can take one GPU's worth of `shape`.
 
-    A whole GPU must be entirely free; a fraction needs `gpu_milli` and `gpu_memory_mib` free.
+    A whole GPU must be entirely free; a fraction needs `gpu_milli` and `gpu_memory_mib` free, on a GPU that is
+    free or shared within the fraction's own group.
     """
     if shape.gpu_milli >= MILLI:
         return [g for g, free in enumerate(state.gpu_free) if free >= MILLI]
     need_mem = shape.gpu_memory_mib
-    return [
+    fits = [
         g
         for g, free in enumerate(state.gpu_free)
         if free >= shape.gpu_milli and state.gpu_memory_free[g] >= need_mem
     ]
+    if state.gpu_groups or shape.share_group:
+        return [g for g in fits if state.gpu_free[g] >= MILLI or state.group_of(g) == shape.share_group]
+    return fits
+
+
+def _gpu_shortage(state: NodeState, shape: TaskShape) -> str:
+    """Why too few GPUs fit `shape`: a fraction that would fit but for other groups' sharing says so."""
+    if shape.is_shared and (state.gpu_groups or shape.share_group):
+        free = any(f >= shape.gpu_milli and state.gpu_memory_free[g] >= shape.gpu_memory_mib
+                   for g, f in enumerate(state.gpu_free))
+        if free:
+            return "GPU shared by another group"
+    return "insufficient GPU"
 
 
 def node_fits(kind: NodeKind, state: NodeState, shape: TaskShape) -> str:
     """"" when the node can take the task, else the first reason it cannot (a stable phrase)."""
     if not state.schedulable:
         return "node unschedulable"
+    if shape.has_image and not kind.untrusted_images:
+        return "node refuses untrusted images"
     if shape.gpu_count and not shape.allows_model(kind.model):
         return "GPU model not allowed"
     if shape.gpu_count > kind.gpu_count:
@@ -35,7 +51,7 @@ def node_fits(kind: NodeKind, state: NodeState, shape: TaskShape) -> str:
     if state.memory_free < shape.memory_mib:
         return "insufficient memory"
     if shape.gpu_count and len(fitting_gpus(state, shape)) < shape.gpu_count:
-        return "insufficient GPU"
+        return _gpu_shortage(state, shape)
     return ""
 
 
@@ -55,6 +71,8 @@ def fraction_share(shape: TaskShape, gpu: int) -> tuple[DeviceShare, ...]:
 
 def copies_fit(kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
     """How many tasks of `shape` the node could take at once (ignoring whether it is schedulable)."""
+    if shape.has_image and not kind.untrusted_images:
+        return 0
     if shape.gpu_count and (not shape.allows_model(kind.model) or shape.gpu_count > kind.gpu_count):
         return 0
     limits = []
@@ -63,7 +81,7 @@ def copies_fit(kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
     if shape.memory_mib:
         limits.append(state.memory_free // shape.memory_mib)
     if shape.is_shared:
-        limits.append(sum(free // shape.gpu_milli for free in state.gpu_free))
+        limits.append(sum(state.gpu_free[g] // shape.gpu_milli for g in fitting_gpus(state, shape)))
     elif shape.gpu_count:
         limits.append(sum(1 for free in state.gpu_free if free >= MILLI) // shape.gpu_count)
     return min(limits) if limits else 64

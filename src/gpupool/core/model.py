@@ -27,7 +27,12 @@ class GpuDevice:
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
-    """What a node has when empty. `gpus` are in device-index order; all share one model in practice."""
+    """What a node has when empty. `gpus` are in device-index order; all share one model in practice.
+
+    `untrusted_images`: the node may run container images of any tenant (its container toolkit is recent enough;
+    the control plane sets it from the agent's check, simulated nodes keep the default). Tasks with an image
+    (`TaskShape.has_image`) go only to such nodes.
+    """
 
     name: str
     cpu_milli: int
@@ -35,6 +40,7 @@ class NodeSpec:
     gpus: tuple[GpuDevice, ...] = ()
     site: str = ""
     rack: str = ""
+    untrusted_images: bool = True
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -56,6 +62,11 @@ class TaskShape:
 
     `gpu_count` GPUs of `gpu_milli` each; `gpu_milli < 1000` (a shared GPU) only with `gpu_count == 1`.
     `gpu_models` lists acceptable GPU models (empty = any). `gpu_memory_mib` is per GPU.
+
+    `share_group` is who a shared GPU may be shared with (the control plane: the job's organisation; "" = no
+    tenancy, which shares only with ""): a fraction goes to a fully free GPU or to one whose group is its own. It
+    is kept only on fractions ("" otherwise), so whole-GPU and CPU shapes of every tenant stay one cache key.
+    `has_image`: the task runs a container image, so it needs a node with `untrusted_images`.
     """
 
     cpu_milli: int = 0
@@ -64,6 +75,8 @@ class TaskShape:
     gpu_milli: int = 0
     gpu_memory_mib: int = 0
     gpu_models: tuple[str, ...] = ()
+    share_group: str = ""
+    has_image: bool = False
 
     def __post_init__(self) -> None:
         for name in ("cpu_milli", "memory_mib", "gpu_count", "gpu_milli", "gpu_memory_mib"):
@@ -80,6 +93,8 @@ class TaskShape:
             raise ValueError("gpu_milli: a fraction of a GPU is only allowed with gpu_count 1")
         if tuple(sorted(set(self.gpu_models))) != self.gpu_models:
             object.__setattr__(self, "gpu_models", tuple(sorted(set(self.gpu_models))))
+        if self.share_group and not self.is_shared:
+            object.__setattr__(self, "share_group", "")
 
     @property
     def is_shared(self) -> bool:

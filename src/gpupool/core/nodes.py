@@ -1,8 +1,9 @@
 """Node free state and the node table a cycle works on.
 
-`NodeKind` is what never changes on a node (model, capacities); `NodeState` is what placement
-changes (free CPU, memory, milli-GPU and GPU memory per device). Every placement policy is a pure
-function of (kind, state, task shape), which is what lets `gpupool.core.placement` cache scores.
+`NodeKind` is what never changes on a node (model, capacities, whether it takes untrusted images);
+`NodeState` is what placement changes (free CPU, memory, milli-GPU and GPU memory per device, and the
+sharing group of each partly used GPU). Every placement policy is a pure function of (kind, state, task
+shape), which is what lets `gpupool.core.placement` cache scores.
 
 `NodeTable` holds one `NodeState` per node, nodes sorted by name (so index order is name order and
 "lowest name wins" is "lowest index wins"), and an append-only change log of node indices. Readers
@@ -28,6 +29,7 @@ class NodeKind:
     memory_mib: int
     gpu_count: int
     gpu_memory_mib: tuple[int, ...]
+    untrusted_images: bool = True
 
     @classmethod
     def of(cls, spec: NodeSpec) -> NodeKind:
@@ -37,6 +39,7 @@ class NodeKind:
             memory_mib=spec.memory_mib,
             gpu_count=len(spec.gpus),
             gpu_memory_mib=tuple(g.memory_mib for g in spec.gpus),
+            untrusted_images=spec.untrusted_images,
         )
 
     @property
@@ -51,9 +54,18 @@ def shape_tag(shape: TaskShape) -> str:
     return "share-gpu" if shape.is_shared else f"{shape.gpu_count}-gpu"
 
 
+#: The group of a GPU that fractions of two groups were put on from outside (allocations loaded by a control
+#: plane, made before groups existed): it takes no fraction until it is free again.
+MIXED_GROUP = "\x00mixed"
+
+
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """The free half of a node. `tags` is the multiset of placed tasks' tags as sorted (tag, count)."""
+    """The free half of a node. `tags` is the multiset of placed tasks' tags as sorted (tag, count).
+
+    `gpu_groups` is the sharing group of each GPU that fractions use (`TaskShape.share_group`), "" for the
+    others; it is () when every entry would be "" (always so without tenancy), so equal states compare equal.
+    """
 
     cpu_free: int
     memory_free: int
@@ -61,6 +73,7 @@ class NodeState:
     gpu_memory_free: tuple[int, ...]
     tags: tuple[tuple[str, int], ...] = ()
     schedulable: bool = True
+    gpu_groups: tuple[str, ...] = ()
 
     @classmethod
     def empty(cls, kind: NodeKind) -> NodeState:
@@ -70,6 +83,10 @@ class NodeState:
     def gpu_idle(self) -> int:
         """Free milli-GPU summed over the node's GPUs."""
         return sum(self.gpu_free)
+
+    def group_of(self, gpu: int) -> str:
+        """The sharing group of GPU `gpu` ("" when free, used whole, or shared without tenancy)."""
+        return self.gpu_groups[gpu] if self.gpu_groups else ""
 
     def take(self, shape: TaskShape, shares: Sequence[DeviceShare]) -> NodeState:
         """The state after placing `shape` on `shares`; raises ValueError if it does not fit (a bug)."""
@@ -91,11 +108,29 @@ class NodeState:
         mem = self.memory_free + sign * shape.memory_mib
         if cpu < 0 or mem < 0 or min(gpu, default=0) < 0 or min(gmem, default=0) < 0:
             raise ValueError(f"placement of {shape} on {shares} overcommits the node")
+        groups = self.gpu_groups
+        if shares and (groups or shape.share_group):
+            groups = _moved_groups(self, gpu, shape, shares, sign)
         return NodeState(cpu, mem, tuple(gpu), tuple(gmem), _moved_tags(self.tags, shape, -sign),
-                         self.schedulable)
+                         self.schedulable, groups)
 
     def with_schedulable(self, schedulable: bool) -> NodeState:
         return replace(self, schedulable=schedulable)
+
+
+def _moved_groups(before: NodeState, gpu_after: list[int], shape: TaskShape, shares: Sequence[DeviceShare],
+                  sign: int) -> tuple[str, ...]:
+    """The GPU groups after the move: a GPU free again has none; a fraction placed on a free GPU gives it the
+    fraction's group, on a GPU of another group (possible only from outside) MIXED_GROUP."""
+    groups = list(before.gpu_groups) if before.gpu_groups else [""] * len(gpu_after)
+    for share in shares:
+        g = share.index
+        if gpu_after[g] >= MILLI:
+            groups[g] = ""
+        elif sign < 0 and shape.is_shared:
+            was_free = before.gpu_free[g] >= MILLI
+            groups[g] = shape.share_group if was_free or groups[g] == shape.share_group else MIXED_GROUP
+    return tuple(groups) if any(groups) else ()
 
 
 def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) -> tuple[tuple[str, int], ...]:

@@ -7,12 +7,18 @@ $GPUPOOL_FIGURES when that is set (pytest captures output; under xdist the file 
 `python -m gpupool.devtools.figures --out reports/reliability.md --command "make soak" FILE...` collects every
 figure line of the given files (figure files or test logs, in order, duplicates dropped) into a Markdown report
 with the date, the machine and the command.
+
+A figure whose numbers come from many tests (a parametrised matrix, possibly spread over xdist workers) gathers
+them with `Parts`: each test leaves its part in a folder the whole session shares (`session_folder`), and the test
+that leaves the last expected part gets them all back, once, and prints the line.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
+import json
 import os
 import platform
 import re
@@ -21,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 ENV = "GPUPOOL_FIGURES"
 SOAK_ENV = "GPUPOOL_SOAK"
@@ -44,6 +51,44 @@ def figure(line: str) -> str:
             fcntl.flock(out, fcntl.LOCK_EX)
             out.write(line + "\n")
     return line
+
+
+def session_folder(basetemp: Path, worker_id: str, name: str) -> Path:
+    """A folder every xdist worker of this pytest session shares (`basetemp` is the worker's base temp folder, from
+    `tmp_path_factory.getbasetemp()`; `worker_id` is xdist's fixture: "master" without workers)."""
+    return (basetemp.parent if worker_id != "master" else basetemp) / name
+
+
+class Parts:
+    """The numbers of one figure line, left by many tests as named parts (JSON objects) in `folder`.
+
+    `add` keeps one part (a later add of the same name replaces it) and returns every part, by name, to the ONE call
+    that finds all of `expected` present (an O_EXCL file decides, across processes); every other call gets None.
+    """
+
+    def __init__(self, folder: Path, expected: Iterable[str]) -> None:
+        self.folder = folder
+        self.expected = frozenset(expected)
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, name: str, **numbers: Any) -> dict[str, dict[str, Any]] | None:
+        if name not in self.expected:
+            raise ValueError(f"part {name!r} is not one of the expected parts")
+        stem = hashlib.sha256(name.encode()).hexdigest()[:32]
+        scratch = self.folder / f".{stem}.{os.getpid()}"
+        scratch.write_text(json.dumps({"name": name, "numbers": numbers}))
+        scratch.replace(self.folder / f"{stem}.json")  # whole, for a process reading it at the same moment
+        found = {}
+        for path in self.folder.glob("*.json"):
+            part = json.loads(path.read_text())
+            found[part["name"]] = part["numbers"]
+        if not self.expected <= found.keys():
+            return None
+        try:
+            os.close(os.open(self.folder / "complete", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return None
+        return {name: found[name] for name in sorted(self.expected)}
 
 
 def collect(texts: Iterable[str]) -> list[str]:

@@ -24,10 +24,21 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpupool.protocol.devices import GpuInfo, GpuTelemetry
+from gpupool.protocol.devices import MAX_COUNT, GpuInfo, GpuTelemetry, Uuid
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
+
+# Bounds of every field an agent sends (untrusted input, RELIABILITY.md §3.2 S11): ids as the control plane makes
+# them, counters within the database's integer columns, exit codes in the shell convention (0..255), pids within
+# Linux's PID_MAX_LIMIT. Agent frames carry no timestamps (the control plane stamps what it receives).
+BootId = Annotated[str, Field(max_length=64)]
+Seq = Annotated[int, Field(ge=0, le=(1 << 62))]
+AllocationId = Annotated[str, Field(max_length=64)]
+Attempt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+ExitCode = Annotated[int, Field(ge=0, le=255)]
+Protocol = Annotated[int, Field(ge=1, le=1000)]
+MAX_WORKLOADS = 4096
 
 
 class _Frame(BaseModel):
@@ -38,14 +49,17 @@ class Registration(_Frame):
     join_token: str = Field(min_length=8, max_length=128)
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     boot_id: str = Field(min_length=1, max_length=64)
-    cpu_milli: int = Field(ge=0)
-    memory_mib: int = Field(ge=0)
+    cpu_milli: int = Field(ge=0, le=1 << 24)
+    memory_mib: int = Field(ge=0, le=1 << 30)
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
     site: str = Field(default="", max_length=64)
     rack: str = Field(default="", max_length=64)
     csr: str = Field(default="", max_length=8192, description="PEM certificate request for the channel's client "
                                                              "certificate; without one the node cannot open it")
-    protocol: int = PROTOCOL_VERSION
+    untrusted_images: bool = Field(default=False, description="the node's container toolkit is safe for any "
+                                                              "tenant's image (gpupool.agent.toolkit); else no job "
+                                                              "with an image is placed on it")
+    protocol: Protocol = PROTOCOL_VERSION
 
 
 class RegistrationReply(_Frame):
@@ -61,47 +75,49 @@ class RegistrationReply(_Frame):
 
 
 class RunningReport(_Frame):
-    allocation_id: str
-    attempt: int = Field(ge=0)
-    pid: int | None = None
+    allocation_id: AllocationId
+    attempt: Attempt
+    pid: int | None = Field(default=None, ge=1, le=1 << 22)
     state: Literal["starting", "running", "exited"]
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
 
 
 class Hello(_Frame):
     type: Literal["hello"] = "hello"
-    boot_id: str
-    seq: int = Field(ge=0)
-    running: list[RunningReport] = Field(default_factory=list)
-    protocol: int = PROTOCOL_VERSION
+    boot_id: BootId
+    seq: Seq
+    running: list[RunningReport] = Field(default_factory=list, max_length=MAX_WORKLOADS)
+    protocol: Protocol = PROTOCOL_VERSION
+    untrusted_images: bool | None = Field(default=None, description="the node's container-toolkit verdict as of "
+                                                                    "this boot (as in Registration); None: unsaid")
 
 
 class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
-    boot_id: str
-    seq: int = Field(ge=0)
-    telemetry: list[GpuTelemetry] = Field(default_factory=list)
-    idle_gpus: list[str] = Field(default_factory=list, max_length=64)  # below the idle threshold for the whole window
+    boot_id: BootId
+    seq: Seq
+    telemetry: list[GpuTelemetry] = Field(default_factory=list, max_length=64)
+    idle_gpus: list[Uuid] = Field(default_factory=list, max_length=64)  # below the idle threshold for the whole window
 
 
 class TaskStatus(_Frame):
     type: Literal["task_status"] = "task_status"
-    boot_id: str
-    seq: int = Field(ge=0)
-    allocation_id: str
-    attempt: int = Field(ge=0)
+    boot_id: BootId
+    seq: Seq
+    allocation_id: AllocationId
+    attempt: Attempt
     state: Literal["started", "exited", "failed", "fenced", "refused"]
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     message: str = Field(default="", max_length=2000)
 
 
 class LogChunk(_Frame):
     type: Literal["log"] = "log"
-    boot_id: str
-    seq: int = Field(ge=0)
-    allocation_id: str
-    attempt: int = Field(ge=0)
-    offset: int = Field(ge=0)
+    boot_id: BootId
+    seq: Seq
+    allocation_id: AllocationId
+    attempt: Attempt
+    offset: int = Field(ge=0, le=1 << 40)
     data: str = Field(max_length=65536)
 
 
@@ -110,8 +126,8 @@ class Renew(_Frame):
     its lifetime. Answered with `Certificate` (and acked); the certificate is issued to the channel's own node."""
 
     type: Literal["renew"] = "renew"
-    boot_id: str
-    seq: int = Field(ge=0)
+    boot_id: BootId
+    seq: Seq
     csr: str = Field(min_length=1, max_length=8192)
 
 

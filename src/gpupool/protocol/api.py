@@ -6,11 +6,14 @@ GPU amounts are decimal strings in 10 % steps ("0.5", "1", "8"); they become mil
 
 from __future__ import annotations
 
-from datetime import datetime
+import ipaddress
+import re
+from collections.abc import Collection
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "v1"
 ROLES = ("viewer", "member", "project-admin", "tenant-admin", "operator")
@@ -26,6 +29,15 @@ class _Request(BaseModel):
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """A time as RFC 3339 requires it, with its offset: a database that keeps none (SQLite) holds UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+#: every time the API answers with
+UtcTime = Annotated[datetime, AfterValidator(_as_utc)]
 
 
 def gpus_to_milli(value: str | int | float) -> int:
@@ -126,8 +138,8 @@ class TokenOut(_Response):
     prefix: str
     name: str
     user: str | None
-    expires_at: datetime | None
-    revoked_at: datetime | None
+    expires_at: UtcTime | None
+    revoked_at: UtcTime | None
     token: str | None = Field(default=None, description="the secret, shown once at creation")
 
 
@@ -137,7 +149,7 @@ class JoinTokenCreate(_Request):
 
 class JoinTokenOut(_Response):
     token: str
-    expires_at: datetime
+    expires_at: UtcTime
     ca_hash: str = Field(default="", description="sha256 of the agent CA's public key: `gpupool agent --ca-hash`")
 
 
@@ -178,6 +190,68 @@ class QueueOut(_Response):
     running_jobs: int = 0
 
 
+# Image references (OCI distribution's grammar, as podman and docker read them) ---------------------------------
+
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[a-fA-F0-9:.]+\])"
+_REMOTE = re.compile(rf"(?P<path>{_PATH}(?:/{_PATH})*)(?::[\w][\w.-]{{0,127}})?"
+                     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?", re.ASCII)
+_REGISTRY = re.compile(rf"{_DOMAIN}(?::[0-9]{{1,5}})?", re.ASCII)
+_NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+", re.IGNORECASE)
+MAX_IMAGE_NAME = 255
+#: registry host names that always mean this machine or a cloud's metadata service
+LOCAL_HOSTS = ("localhost", "metadata.google.internal")
+
+
+def image_registry(reference: str) -> str:
+    """The registry ("host" or "host:port", "" for the default registry) of a well-formed image reference;
+    ValueError naming what is wrong otherwise. The first path component is a registry when it has a dot or a
+    colon or is "localhost" (docker's rule)."""
+    first, slash, rest = reference.partition("/")
+    has_registry = bool(slash) and (any(c in first for c in ".:[") or first == "localhost")
+    registry, remote = (first, rest) if has_registry else ("", reference)
+    if registry and not _REGISTRY.fullmatch(registry):
+        raise ValueError(f"{registry!r} is not a registry host[:port]")
+    match = _REMOTE.fullmatch(remote)
+    if match is None or len(registry) + 1 + len(match["path"]) > MAX_IMAGE_NAME:
+        raise ValueError("not an image reference: [registry[:port]/]path[:tag][@digest], lower case path "
+                         f"components, at most {MAX_IMAGE_NAME} characters of name")
+    return registry
+
+
+def registry_allow(setting: str) -> frozenset[str]:
+    """The hosts of a comma-separated allow list ("host" or "host:port" each), lower-cased."""
+    return frozenset(entry.strip().lower() for entry in setting.split(",") if entry.strip())
+
+
+def registry_problem(reference: str, allowed: Collection[str]) -> str | None:
+    """Why a well-formed image `reference` may not be pulled, or None: see `_host_problem`; a registry ("host:port")
+    or host in `allowed` may always be pulled from."""
+    registry = image_registry(reference).lower()
+    host = registry[: registry.index("]") + 1] if registry.startswith("[") else registry.partition(":")[0]
+    if not registry or registry in allowed or host in allowed:
+        return None
+    problem = _host_problem(host.strip("[]"))
+    return problem and f"registry host {host!r} is {problem}; an operator may allow it with GPUPOOL_REGISTRY_ALLOW"
+
+
+def _host_problem(host: str) -> str | None:
+    """What makes `host` a registry not to pull from unasked: a loopback, private, link-local (cloud metadata) or
+    otherwise non-global address; a numeric host that is not a plain address (resolvers read "0177.1" or
+    "2130706433" as one); a name of this machine or of a metadata service. None for anything else."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if all(_NUMERIC_LABEL.fullmatch(label) for label in host.split(".")):
+            return "a numeric host that is not a plain address"
+        if host in LOCAL_HOSTS or host.endswith(".localhost"):
+            return "this machine or a metadata service"
+        return None
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return None if (mapped or address).is_global else "a loopback, private, link-local or metadata address"
+
+
 MAX_SECRET_CHARS = 16_384
 MAX_ENV_BYTES = 256 * 1024  # env and secret_env together: well inside one launch frame (1 MiB) and exec's limits
 
@@ -192,7 +266,9 @@ class JobCreate(_Request):
     name: str = Field(default="", max_length=128)
     project: str | None = None
     queue: str | None = None
-    image: str | None = Field(default=None, max_length=512)
+    image: str | None = Field(default=None, max_length=512, description=(
+        "an OCI image reference; its registry must not be a private, loopback or link-local address unless the "
+        "operator allows it (GPUPOOL_REGISTRY_ALLOW)"))
     env: dict[str, str] = Field(default_factory=dict, max_length=128)
     workdir: str | None = Field(default=None, max_length=1024)
     tasks: int = Field(default=1, ge=1, le=256, description="gang size")
@@ -214,6 +290,13 @@ class JobCreate(_Request):
     @classmethod
     def _gpus(cls, value: str) -> str:
         gpus_to_milli(value)
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None:
+            image_registry(value)
         return value
 
     @field_validator("cpus")
@@ -269,8 +352,8 @@ class AllocationOut(_Response):
     node: str
     state: str
     gpus: list[dict[str, Any]]
-    started_at: datetime | None
-    released_at: datetime | None
+    started_at: UtcTime | None
+    released_at: UtcTime | None
     exit_code: int | None
 
 
@@ -288,9 +371,9 @@ class JobOut(_Response):
     tasks: int
     command: list[str]
     tags: dict[str, str]
-    submitted_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    submitted_at: UtcTime
+    started_at: UtcTime | None
+    finished_at: UtcTime | None
     exit_code: int | None
     reason: PendingReasonOut | None = None
     allocations: list[AllocationOut] = Field(default_factory=list)
@@ -303,7 +386,7 @@ class JobPage(_Response):
 
 
 class EventOut(_Response):
-    at: datetime
+    at: UtcTime
     kind: str
     message: str
 
@@ -331,7 +414,9 @@ class NodeOut(_Response):
     memory_mib: int
     site: str
     gpus: list[GpuOut]
-    last_seen: datetime | None
+    last_seen: UtcTime | None
+    untrusted_images: bool = Field(default=False, description="runs jobs with an image (its agent found a "
+                                                               "container toolkit safe for any tenant's image)")
 
 
 class UsageRow(_Response):
@@ -341,7 +426,7 @@ class UsageRow(_Response):
     job: str
     gpus: float
     gpu_models: list[str]
-    since: datetime | None
+    since: UtcTime | None
 
 
 class Whoami(_Response):
@@ -386,7 +471,7 @@ class UsageOut(_Response):
 
 
 class SampleOut(_Response):
-    at: datetime
+    at: UtcTime
     gpus: float
     allocated: float
     used: float
@@ -396,7 +481,7 @@ class SampleOut(_Response):
 
 class AuditOut(_Response):
     id: int
-    at: datetime
+    at: UtcTime
     request_id: str
     actor_kind: str
     actor: str

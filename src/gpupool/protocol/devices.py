@@ -14,7 +14,13 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-NonNegativeInt = Annotated[int, Field(ge=0)]
+#: Bounds of what an agent reports (untrusted input, RELIABILITY.md §3.2 S11): far past any real device, within
+#: the database's columns (a GPU UUID fits String(96), a model String(64)).
+MAX_MIB = 1 << 24  # 16 TiB
+MAX_INDEX = 1023
+MAX_COUNT = (1 << 31) - 1
+Uuid = Annotated[str, Field(min_length=1, max_length=96)]
+XidCode = Annotated[int, Field(ge=0, le=65_535)]
 
 
 class _Frozen(BaseModel):
@@ -28,10 +34,10 @@ class MigInstance(_Frozen):
     reports for the instance (slightly below the profile's nominal size).
     """
 
-    uuid: str = Field(min_length=1)
-    profile: str = Field(min_length=1)
-    memory_mib: int = Field(ge=1)
-    gpu_instance_id: int = Field(ge=0)
+    uuid: Uuid
+    profile: str = Field(min_length=1, max_length=64)
+    memory_mib: int = Field(ge=1, le=MAX_MIB)
+    gpu_instance_id: int = Field(ge=0, le=MAX_INDEX)
 
 
 class GpuInfo(_Frozen):
@@ -42,14 +48,14 @@ class GpuInfo(_Frozen):
     control plane may refuse fake GPUs outside of test deployments.
     """
 
-    index: int = Field(ge=0)
-    uuid: str = Field(min_length=1)
-    model: str = Field(min_length=1)
-    memory_mib: int = Field(ge=1)
+    index: int = Field(ge=0, le=MAX_INDEX)
+    uuid: Uuid
+    model: str = Field(min_length=1, max_length=64)
+    memory_mib: int = Field(ge=1, le=MAX_MIB)
     mig_enabled: bool = False
-    mig_instances: list[MigInstance] = Field(default_factory=list)
-    nvlink_peers: list[str] = Field(default_factory=list)
-    numa_node: int | None = Field(default=None, ge=0)
+    mig_instances: list[MigInstance] = Field(default_factory=list, max_length=16)
+    nvlink_peers: list[Uuid] = Field(default_factory=list, max_length=64)
+    numa_node: int | None = Field(default=None, ge=0, le=MAX_INDEX)
     fake: bool = False
 
     @model_validator(mode="after")
@@ -75,11 +81,11 @@ class GpuTelemetry(_Frozen):
     uncorrected ECC error, or a failed mandatory query.
     """
 
-    uuid: str = Field(min_length=1)
+    uuid: Uuid
     utilization_pct: int = Field(ge=0, le=100)
-    memory_used_mib: int = Field(ge=0)
+    memory_used_mib: int = Field(ge=0, le=MAX_MIB)
     temperature_c: int | None = Field(default=None, ge=-100, le=200)
-    power_w: int | None = Field(default=None, ge=0)
-    ecc_uncorrected: int = Field(default=0, ge=0)
-    xid_errors: list[NonNegativeInt] = Field(default_factory=list)
+    power_w: int | None = Field(default=None, ge=0, le=100_000)
+    ecc_uncorrected: int = Field(default=0, ge=0, le=MAX_COUNT)
+    xid_errors: list[XidCode] = Field(default_factory=list, max_length=64)
     healthy: bool = True

@@ -208,6 +208,7 @@ class AgentHub:
             raise HTTPException(409, f"node {reg.name} is registered and running work; start its agent with "
                                      "its saved credential instead of a new join token")
         node.cpu_milli, node.memory_mib, node.site, node.rack = reg.cpu_milli, reg.memory_mib, reg.site, reg.rack
+        node.untrusted_images = reg.untrusted_images
         node.state, node.boot_id, node.last_seen = "ready", reg.boot_id, datetime.now(UTC)
         for gpu in session.scalars(select(Gpu).where(Gpu.node_id == node.id)):
             session.delete(gpu)
@@ -377,6 +378,7 @@ class AgentHub:
             if rejected is not None:
                 return rejected
         if isinstance(frame, Hello):
+            self._vouch(node_id, frame.untrusted_images)
             self._reconcile(node_id, frame)
         elif isinstance(frame, TaskStatus):
             assert self.lifecycle is not None
@@ -422,6 +424,19 @@ class AgentHub:
                 cordoned = node.cordoned
         if changed:
             self.cache.set_schedulable(node.name, not cordoned)
+
+    def _vouch(self, node_id: str, untrusted_images: bool | None) -> None:
+        """Keep the node's container-toolkit verdict as its agent says it on connecting (None: unsaid, kept); the
+        scheduler sees a change at once. Running jobs stay where they are."""
+        if untrusted_images is None:
+            return
+        with self.db.session() as session:
+            node = session.get(Node, node_id)
+            changed = node is not None and node.untrusted_images != untrusted_images
+            if changed:
+                node.untrusted_images = untrusted_images
+        if changed:
+            self.reload_nodes()
 
     def _reconcile(self, node_id: str, hello: Hello) -> None:
         """After a (re)connect: resend launches the agent never got, stop work it should not run.

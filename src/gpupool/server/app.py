@@ -155,6 +155,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(usage.router)
     app.include_router(audit_routes.router)
     _error_handlers(app)
+    _document_errors(app)
     _system_routes(app, metrics)
     _agent_routes(app, hub)
     if DASHBOARD.is_dir():  # last: only what no route above takes
@@ -177,6 +178,22 @@ def _error_handlers(app: FastAPI) -> None:
         # A value the database itself refuses: a NUL character in text on PostgreSQL, an integer out of range.
         return JSONResponse({"detail": "a value in the request is out of range or holds a character the database "
                                        "cannot store (such as NUL)"}, status_code=422)
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Make the OpenAPI spec say what a 422 holds: the list of field errors, or one message (a rule across fields,
+    such as "min_tasks: must not exceed tasks", or a value the database refuses)."""
+    default = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = default()
+        errors = schema.get("components", {}).get("schemas", {}).get("HTTPValidationError")
+        if errors is not None and "anyOf" not in errors["properties"]["detail"]:
+            errors["properties"]["detail"] = {"title": "Detail",
+                                              "anyOf": [errors["properties"]["detail"], {"type": "string"}]}
+        return schema
+
+    app.openapi = openapi
 
 
 def _redacted(errors: Sequence[Any]) -> list[Any]:

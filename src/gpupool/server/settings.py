@@ -57,6 +57,9 @@ class Settings(BaseModel):
     agent_port: int | None = Field(default=None, ge=0, le=65535)
     agent_tls_names: str = ""
     agent_cert_lifetime_s: float = Field(default=7 * 86400.0, ge=5)
+    #: image registries jobs may name although they are private, loopback or link-local addresses (S11):
+    #: comma-separated "host" or "host:port" entries, IPv6 addresses in brackets
+    registry_allow: str = ""
 
     @model_validator(mode="after")
     def _timing(self) -> Settings:

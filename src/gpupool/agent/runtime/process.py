@@ -324,13 +324,15 @@ class ProcessRuntime(WorkloadRuntime):
 
 
 def read_exit_code(handle: RunHandle) -> int | None:
-    """The recorded exit code of `handle`, or None when none (or an unreadable one) is recorded."""
+    """The recorded exit code of `handle`, or None when none (or an unreadable one, or one outside the shell
+    convention's 0..255, e.g. written by the workload itself) is recorded."""
     if handle.state_dir is None:
         return None
     try:
-        return int((handle.state_dir / EXIT_FILE).read_text().strip())
+        code = int((handle.state_dir / EXIT_FILE).read_text().strip())
     except (OSError, ValueError):
         return None
+    return code if 0 <= code <= 255 else None
 
 
 def write_exit_code(handle: RunHandle, code: int) -> None:

@@ -10,15 +10,18 @@ from gpupool.core.snapshot import RunningTask
 
 
 def make_node(name: str = "n1", gpus: int = 2, model: str = "A100", cpu_milli: int = 64_000,
-              memory_mib: int = 262_144, gpu_memory_mib: int = 0) -> NodeSpec:
-    return NodeSpec(name, cpu_milli, memory_mib, tuple(GpuDevice(i, model, gpu_memory_mib) for i in range(gpus)))
+              memory_mib: int = 262_144, gpu_memory_mib: int = 0, untrusted_images: bool = True) -> NodeSpec:
+    return NodeSpec(name, cpu_milli, memory_mib, tuple(GpuDevice(i, model, gpu_memory_mib) for i in range(gpus)),
+                    untrusted_images=untrusted_images)
 
 
 def make_shape(gpu_milli: int = 1000, gpu_count: int | None = None, cpu_milli: int = 0, memory_mib: int = 0,
-               models: Sequence[str] = (), gpu_memory_mib: int = 0) -> TaskShape:
+               models: Sequence[str] = (), gpu_memory_mib: int = 0, share_group: str = "",
+               image: bool = False) -> TaskShape:
     """`gpu_milli` per GPU; `gpu_count` defaults to 1 when gpu_milli > 0, else 0."""
     count = gpu_count if gpu_count is not None else (1 if gpu_milli else 0)
-    return TaskShape(cpu_milli, memory_mib, count, gpu_milli if count else 0, gpu_memory_mib, tuple(models))
+    return TaskShape(cpu_milli, memory_mib, count, gpu_milli if count else 0, gpu_memory_mib, tuple(models),
+                     share_group, image)
 
 
 def make_job(job_id: str, *shapes: TaskShape, min_tasks: int = 0, queue: str = "default", priority: int = 0,

@@ -27,6 +27,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -160,6 +161,9 @@ class Node(Base):
     boot_id: Mapped[str] = mapped_column(String(64), default="")
     last_seen: Mapped[datetime | None] = mapped_column()
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: the agent found a container toolkit safe for any tenant's image (nvidia-ctk >= 1.17.8); only such nodes
+    #: run jobs with an image
+    untrusted_images: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class AgentCertificate(Base):

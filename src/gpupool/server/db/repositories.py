@@ -67,16 +67,19 @@ _PG_NUMBERING = ("SELECT pg_advisory_xact_lock(%(key)s); UPDATE jobs SET seq = (
                  "FROM jobs) WHERE id = %(job_id)s RETURNING seq")
 
 
-def job_shape(spec: dict[str, Any]) -> TaskShape:
+def job_shape(spec: dict[str, Any], share_group: str = "") -> TaskShape:
+    """The shape of each task of a job `spec`; a fraction of a GPU is shared only within `share_group` (the job's
+    organisation), and a job with an image needs a node that takes untrusted images."""
     milli = gpus_to_milli(spec["gpus"])
     count, per_gpu = (1, milli) if 0 < milli < 1000 else (milli // 1000, 1000 if milli else 0)
     return TaskShape(cpu_milli=int(Decimal(spec["cpus"]) * 1000), memory_mib=int(spec["memory_mib"]),
                      gpu_count=count, gpu_milli=per_gpu, gpu_memory_mib=int(spec.get("gpu_memory_mib", 0)),
-                     gpu_models=tuple(spec.get("gpu_models", [])))
+                     gpu_models=tuple(spec.get("gpu_models", [])), share_group=share_group,
+                     has_image=bool(spec.get("image")))
 
 
 def job_spec(row: Job) -> JobSpec:
-    shape = job_shape(row.spec)
+    shape = job_shape(row.spec, share_group=row.org_id)
     tasks = tuple(TaskSpec(f"{row.id}/{i}", shape) for i in range(int(row.spec["tasks"])))
     limit = row.spec.get("runtime_limit_s")
     return JobSpec(row.id, tasks, queue=row.queue, min_tasks=int(row.spec.get("min_tasks") or len(tasks)),
@@ -87,7 +90,8 @@ def job_spec(row: Job) -> JobSpec:
 def node_spec(node: Node, gpus: Sequence[Gpu]) -> NodeSpec:
     ordered = sorted(gpus, key=lambda g: g.index)
     devices = tuple(GpuDevice(i, g.model, g.memory_mib, g.uuid) for i, g in enumerate(ordered))
-    return NodeSpec(node.name, node.cpu_milli, node.memory_mib, devices, node.site, node.rack)
+    return NodeSpec(node.name, node.cpu_milli, node.memory_mib, devices, node.site, node.rack,
+                    untrusted_images=node.untrusted_images)
 
 
 def resources(raw: dict[str, Any] | None) -> ResourceVector | None:

@@ -7,6 +7,7 @@ from typing import Annotated, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
@@ -130,6 +131,7 @@ def list_queues(who: Caller, db: Db, request: Request) -> list[api.QueueOut]:
 async def submit(body: api.JobCreate, who: Caller, request: Request,
                  idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> api.JobOut:
     state = request.app.state
+    _check_registry(body.image, state.settings.registry_allow)
 
     def work(session: Session) -> api.JobOut:
         return jobs.submit(session, who, body, idempotency_key, state.keyring, state.settings.max_pending_jobs_per_org)
@@ -137,6 +139,14 @@ async def submit(body: api.JobCreate, who: Caller, request: Request,
     out = await _in_one_call(state.db, work, "jobs.after_commit_before_response")
     state.scheduler.wake()
     return out
+
+
+def _check_registry(image: str | None, allow: str) -> None:
+    """422 naming `image` when its registry may not be pulled from (api.registry_problem), as a body error."""
+    problem = None if image is None else api.registry_problem(image, api.registry_allow(allow))
+    if problem:
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", "image"), "msg": problem,
+                                       "input": image}])
 
 
 @router.get("/jobs", response_model=api.JobPage, tags=["jobs"])

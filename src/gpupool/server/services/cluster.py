@@ -88,7 +88,8 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
                            temperature_c=tele[g.uuid].temperature_c if g.uuid in tele else None, fake=g.fake)
                 for g in session.scalars(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index))]
         out.append(api.NodeOut(name=node.name, state=node.state, cordoned=node.cordoned, cpu_milli=node.cpu_milli,
-                               memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen))
+                               memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen,
+                               untrusted_images=node.untrusted_images))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Filter: the node has the CPU, memory, GPU model and free GPUs (or GPU fraction) the task needs."""
+"""Filter: the node has the CPU, memory, GPU model and free GPUs (or GPU fraction, free or shared within the
+task's group) the task needs, and takes untrusted images if the task runs one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from gpupool.core.model import TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
 from gpupool.core.status import OK, Code, Status
 
-_UNRESOLVABLE = ("GPU model not allowed", "too few GPUs on node", "node unschedulable")
+_UNRESOLVABLE = ("GPU model not allowed", "too few GPUs on node", "node unschedulable",
+                 "node refuses untrusted images")
 
 
 class GpuFitFilter(FilterPlugin):
