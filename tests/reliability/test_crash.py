@@ -106,6 +106,11 @@ class Tally:
     reconnect_s: list[float] = field(default_factory=list)
 
 
+#: how long an armed control plane may take to reach its failpoint (the soak's PostgreSQL restarts took up to 25 s
+#: to get ready on a loaded 2-core machine, and an armed binder failpoint needs a few placements after that)
+ARMED_WAIT_S = 60
+
+
 def kill_plan(plan: Plan, rng: random.Random) -> list[str | None]:
     """Per kill: the failpoint the control plane runs with ("NAME=crash@N"), or None for a SIGKILL at a random
     moment. Failpoints cycle over CRASH_POINTS, spread over the run; the first kill is always random."""
@@ -158,7 +163,7 @@ def one_kill(cluster: Cluster, armed: str | None, next_armed: str | None, rng: r
     else:
         name = armed.split("=")[0]
         try:
-            server.process.wait(timeout=20)
+            server.process.wait(timeout=ARMED_WAIT_S)
             tally.failpoint_deaths[name] = tally.failpoint_deaths.get(name, 0) + 1
         except Exception:  # noqa: BLE001 - not reached in time: kill it anyway, and say so
             tally.failpoints_missed.append(armed)
