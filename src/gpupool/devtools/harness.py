@@ -182,13 +182,25 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path, timeo
 
 def start_server(data_dir: Path, database_url: str | None = None, env: dict[str, str] | None = None,
                  port: int | None = None, poll_s: float = 0.2) -> Server:
-    """Start a control plane (on a free port unless `port` is given) and wait until it is ready."""
-    port = port or free_port()
-    process = spawn_server(data_dir, port, database_url, env)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url, process, server_log(data_dir, port), poll_s=poll_s)
-    token = (data_dir / "admin.token").read_text().strip()
-    return Server(url, token, data_dir, process, port, database_url, dict(env or {}))
+    """Start a control plane (on a free port unless `port` is given) and wait until it is ready.
+
+    A free port can be taken by a parallel test between the probe and the bind: then the other server answers
+    /readyz while this one fails to bind, so no admin token appears; the start is retried on another port."""
+    for _ in range(3):
+        chosen = port or free_port()
+        process = spawn_server(data_dir, chosen, database_url, env)
+        url = f"http://127.0.0.1:{chosen}"
+        try:
+            wait_ready(url, process, server_log(data_dir, chosen), poll_s=poll_s)
+        except RuntimeError as error:
+            if port is not None or "address already in use" not in str(error).lower():
+                raise
+            continue
+        if (data_dir / "admin.token").exists() and process.poll() is None or port is not None:
+            token = (data_dir / "admin.token").read_text().strip()
+            return Server(url, token, data_dir, process, chosen, database_url, dict(env or {}))
+        kill_server(Server(url, "", data_dir, process))
+    raise RuntimeError(f"no control plane started in {data_dir}: every free port was taken before it bound")
 
 
 def stop_server(server: Server) -> None:
