@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_cluster import SCALED, Cluster
+from agent_cluster import SCALED, Cluster, wait_for
 from test_agent_channel_security import CaseBook, book, join_token, registration  # noqa: F401 - `book` is a fixture
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import connect
@@ -192,6 +192,7 @@ def test_the_agent_refuses_a_control_plane_whose_ca_is_not_pinned(cluster: Clust
             agent = cluster.start_agent(name, "", extra=("--ca-hash", pin))  # stopped with the cluster
             if joins:
                 cluster.wait_ready([name])
+                wait_for((agent.data_dir / "node.json").exists, 30, "the agent to save its identity")
                 identity = json.loads((agent.data_dir / "node.json").read_text())
                 assert ca_hash(identity["ca_certificate"]) == real and "PRIVATE KEY" in identity["tls_key"]
                 assert (agent.data_dir / "node.json").stat().st_mode & 0o077 == 0
