@@ -61,8 +61,9 @@ def _smi(*query: str) -> list[str]:
 
 
 def _compute_procs(uuids: set[str]) -> int:
-    """Compute processes nvidia-smi lists on the GPUs `uuids`."""
-    return sum(1 for row in _smi("--query-compute-apps=pid,gpu_uuid") if row.split(",")[-1].strip() in uuids)
+    """Compute processes nvidia-smi lists on the GPUs `uuids`, not counting the node's MPS server (it stays)."""
+    rows = [[part.strip() for part in row.split(",")] for row in _smi("--query-compute-apps=pid,process_name,gpu_uuid")]
+    return sum(1 for row in rows if row[-1] in uuids and not row[1].endswith("nvidia-cuda-mps-server"))
 
 
 def _until(predicate, timeout_s: float) -> None:  # noqa: ANN001 - a callable
