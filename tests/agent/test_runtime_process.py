@@ -307,3 +307,12 @@ def test_podman_argv_passes_env_by_name_and_gpus_as_cdi():
     assert ["--device", "nvidia.com/gpu=GPU-1"] == argv[argv.index("--device") : argv.index("--device") + 2]
     assert argv[-3:] == ["img:1", "python", "train.py"]
     assert "--device" not in podman_argv("podman", spec, spec.gpus, cdi=False)
+
+
+def test_a_relative_state_directory_still_records_the_exit_code(tmp_path, monkeypatch):
+    # `gpupool up` passes a relative data dir; the workload runs in another directory, and so does its wrapper
+    monkeypatch.chdir(tmp_path)
+    relative = ProcessRuntime(Path("workloads"), base_env=BASE_ENV)
+    handle = relative.launch(shell("echo done; exit 4"))
+    assert wait_exit(relative, handle) == RunState("exited", 4)
+    assert handle.log_path.read_text() == "done\n"

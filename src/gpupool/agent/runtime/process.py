@@ -142,7 +142,7 @@ class ProcessRuntime(WorkloadRuntime):
         fence_s: float | None = None,
         fence_grace_s: float = 10.0,
     ) -> None:
-        self._root = Path(directory)
+        self._root = Path(directory).absolute()  # workloads and their wrappers run in other directories
         self._fence = None if fence_s is None else (self._root / LEASE_FILE, fence_s, fence_grace_s)
         self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._base_env = dict(os.environ if base_env is None else base_env)
