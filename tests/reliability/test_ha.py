@@ -383,7 +383,7 @@ def test_fence_refuses_a_deposed_epoch_and_passes_the_current_one(lease_db: Data
 def test_takeover_waits_for_a_fenced_transaction_to_end(lease_db: Database, tmp_path: Path):
     a, b = leases(lease_db, tmp_path)
     assert a.hold()
-    fenced, committed_at = threading.Event(), []
+    fenced, last_write_at = threading.Event(), []
 
     def fenced_write() -> None:
         with lease_db.session() as session:
@@ -392,7 +392,9 @@ def test_takeover_waits_for_a_fenced_transaction_to_end(lease_db: Database, tmp_
             for _ in range(3):  # 1.2 s in all, past a's lease, never idle for lease_s at once
                 time.sleep(0.4)
                 session.execute(text("SELECT 1"))
-        committed_at.append(time.monotonic())
+            # stamped inside the transaction: after the commit, this thread may be scheduled only after b's
+            # takeover has already been stamped, though the takeover did wait for the commit
+            last_write_at.append(time.monotonic())
 
     writer = threading.Thread(target=fenced_write)
     writer.start()
@@ -401,7 +403,7 @@ def test_takeover_waits_for_a_fenced_transaction_to_end(lease_db: Database, tmp_
     assert b.hold(), "b takes over once a's transaction ends"
     took_over_at = time.monotonic()
     writer.join(5)
-    assert committed_at and committed_at[0] <= took_over_at, "the takeover did not wait for the fenced write"
+    assert last_write_at and last_write_at[0] <= took_over_at, "the takeover did not wait for the fenced write"
     assert b.epoch == a.epoch + 1
 
 
