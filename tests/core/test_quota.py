@@ -69,3 +69,16 @@ def test_unknown_or_inner_queues_are_refused():
 def test_bad_trees_are_rejected(specs, message):
     with pytest.raises(ValueError, match=message):
         QueueTree(specs)
+
+
+def test_fair_share_is_capped_by_what_the_queue_may_hold():
+    from gpupool.core.quota import fair_shares
+    from gpupool.core.testing.builders import make_job, make_shape
+
+    # a may borrow 1 over its guarantee of 2 (so hold 3), b may hold 4 (its limit): neither is owed GPUs it
+    # could never hold, and c (no caps) gets the rest (without the borrow cap a would be owed 5 and c 3).
+    tree = QueueTree([QueueSpec("a", guaranteed=rv(gpu=2000), borrow_limit=rv(gpu=1000)),
+                      QueueSpec("b", guaranteed=rv(gpu=2000), limit=rv(gpu=4000)), QueueSpec("c")])
+    pending = [make_job(f"{q}{k}", make_shape(1000), queue=q) for q in "abc" for k in range(10)]
+    shares = fair_shares(tree, {}, pending, 12_000)
+    assert shares == {"a": 3000, "b": 4000, "c": 5000}

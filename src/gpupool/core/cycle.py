@@ -11,6 +11,7 @@ import heapq
 import random
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpupool.core.clock import Clock
 from gpupool.core.decisions import Decision
@@ -23,6 +24,9 @@ from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot
 from gpupool.core.statement import Statement, Workspace
 from gpupool.core.units import CPU, MEMORY, MILLI
+
+if TYPE_CHECKING:
+    from gpupool.core.actions.reservations import Reservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,8 @@ class Cycle:
         self.tree: QueueTree | None = snapshot.queues
         self.capacity = cluster_capacity(snapshot) if self.tree else ResourceVector()
         self.fair_shares: dict[str, int] = {}
+        #: reservations the allocate action made this cycle; evicting actions keep off their nodes too
+        self.reservations: list[Reservation] = []
         self._quota_failures: dict[str, list[tuple[ResourceVector, str]]] = {}
         if self.tree is not None:
             self.fair_shares = fair_shares(self.tree, self.workspace.usage, snapshot.pending,

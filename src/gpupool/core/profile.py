@@ -91,8 +91,11 @@ SCHEDULING_PROFILES: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
     "drf": ("drf", ("allocate", "reclaim"), {}),
     "fair-share": ("fair_share", ("allocate", "reclaim", "preempt"), {}),
     # gpupool's recommendation: fair share, gangs protected by EASY reservations (the head job, and any
-    # job waiting over two hours), backfill around them, reclaim and preemption, best placement.
-    "default": ("fair_share", ("allocate", "reclaim", "preempt"),
+    # job waiting over two hours), backfill around them, reclaim across queues, best placement. No
+    # preemption inside a queue: on the openb 4-queue replay it evicted jobs in cascades (an evicted job
+    # of middle priority evicts lower ones in turn; the least-work victim is the job that just restarted)
+    # and threw away about a fifth of the GPU time, which quadrupled the mean wait.
+    "default": ("fair_share", ("allocate", "reclaim"),
                 {"backfill": "easy", "max_reservations": 1, "reserve_after_s": 7200.0}),
 }
 

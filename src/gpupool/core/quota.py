@@ -50,6 +50,16 @@ def _keeps(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resou
     return max(0, unused - lend) if lend is not None else 0
 
 
+def _holdable(tree: QueueTree, name: str, resource: str) -> int | None:
+    """The most queue `name` may ever hold of `resource` (limit, guarantee + borrow limit); None = no cap."""
+    spec = tree.specs[name]
+    caps = [_cap(spec.limit, resource)]
+    borrow = _cap(spec.borrow_limit, resource)
+    if borrow is not None:
+        caps.append(spec.guaranteed[resource] + borrow)
+    return min((c for c in caps if c is not None), default=None)
+
+
 def _parent_capacity(tree: QueueTree, name: str, resource: str, cluster: ResourceVector) -> int:
     parent = tree.specs[name].parent
     if parent is None:
@@ -140,8 +150,9 @@ def fair_shares(tree: QueueTree, used: Mapping[str, ResourceVector], pending: It
                 k_value: Fraction = Fraction(1)) -> dict[str, int]:
     """GPU-unit fair share of every queue this cycle (KAI two-phase division, ALGORITHMS.md §4.4-4.5).
 
-    A queue's request is its usage plus its subtree's pending demand; `history` is the normalised
-    time-decayed usage u_q that only shapes the over-quota phase.
+    A queue's request is its usage plus its subtree's pending demand, and it is never owed more than it may
+    hold (its limit, and its guarantee plus its borrow limit); `history` is the normalised time-decayed usage
+    u_q that only shapes the over-quota phase.
     """
     demand: dict[str, int] = {}
     for job in pending:
@@ -152,7 +163,7 @@ def fair_shares(tree: QueueTree, used: Mapping[str, ResourceVector], pending: It
 
     def node(name: str) -> QueueNode:
         spec = tree.specs[name]
-        limit = _cap(spec.limit, GPU_UNITS)
+        limit = _holdable(tree, name, GPU_UNITS)
         request = ShareRequest(
             name=name, request=used.get(name, ResourceVector())[GPU_UNITS] + demand.get(name, 0),
             deserved=spec.guaranteed[GPU_UNITS], limit=-1 if limit is None else limit,

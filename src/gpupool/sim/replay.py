@@ -6,7 +6,8 @@ With a queue tree, the replay also meters every queue (GPU time received against
 24-hour window, quota checks after every cycle) and feeds time-decayed usage back to the scheduler.
 Jobs without a runtime estimate get one from the runtime predictor; a task still running at its
 expected end has that end doubled (never past its limit). Evicted jobs go back to the queue and
-restart from zero; moved tasks keep running.
+restart from zero; moved tasks keep running. A job that could not start even on the empty cluster
+is rejected at submission (`core.feasible`): it never waits, so it never counts as demand.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from gpupool.core import (
 )
 from gpupool.core.cycle import cluster_capacity
 from gpupool.core.decisions import Move
+from gpupool.core.diagnostics import PendingKind
+from gpupool.core.feasible import never_fits
 from gpupool.core.metrics import cluster_figures
 from gpupool.core.predictor import RuntimePredictor, raised_after_overrun
 from gpupool.core.queues import GPU_UNITS
@@ -58,6 +61,8 @@ class JobRecord:
     preemptions: int = 0
     last_reason: PendingReason | None = None
     attempt: int = 0
+    #: refused at submission: the job could not start even on the empty cluster
+    rejected: bool = False
 
     @property
     def gpus_milli(self) -> int:
@@ -143,7 +148,12 @@ class Replay:
         job = arrival.job
         if job.runtime_estimate_s is None:
             job = replace(job, runtime_estimate_s=self.predictor.predict(job))
-        self.records[job.id] = JobRecord(job, arrival.time)
+        self.records[job.id] = record = JobRecord(job, arrival.time)
+        unfit = never_fits(job, self.cluster.table.kinds)
+        if unfit:
+            record.rejected = True
+            record.last_reason = PendingReason(PendingKind.NO_NODE_FITS, f"rejected at submission: {unfit}")
+            return
         self.pending[job.id] = job
         self._metered()
         self._want_cycle()

@@ -53,6 +53,7 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
     summary: dict[str, object] = {
         "jobs": len(run.records), "started": len(waits),
         "never_started": len(run.records) - len(waits),
+        "rejected": sum(1 for r in run.records.values() if r.rejected),
         "preemptions": sum(r.preemptions for r in run.records.values()),
         "mean_wait_s": round(statistics.fmean(waits), 1) if waits else None,
         "p50_wait_s": nearest_rank(waits, 50) if waits else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gpupool.core.actions.reservations import held_nodes
 from gpupool.core.actions.room import make_room
 from gpupool.core.decisions import Evict
 from gpupool.core.model import JobSpec
@@ -16,15 +17,20 @@ if TYPE_CHECKING:
 
 def start_by_evicting(cycle: Cycle, job: JobSpec, candidates: list[RunningTask],
                       may_take: Callable[[RunningTask], bool], allowance: int, reason: str) -> int:
-    """Try to start `job`, evicting from `candidates` (victim-plugin order); jobs evicted (0 if it did not start)."""
+    """Try to start `job`, evicting from `candidates` (victim-plugin order); jobs evicted (0 if it did not start).
+
+    Like allocate, it keeps off the nodes that this cycle's reservations hold against `job`.
+    """
     placer, table = cycle.framework.placer, cycle.workspace.table
     victims = list(cycle.framework.victims.order_victims(job, candidates))
+    fenced = held_nodes(cycle.reservations, job, cycle.now)
     with cycle.statement() as stmt:
         for k, task in enumerate(job.tasks):
-            i = placer.choose(table, task.shape, cycle.rng)
+            i = placer.choose(table, task.shape, cycle.rng, fenced)
             if i is None:
                 spent = _evicted_jobs(stmt.decisions)
-                made = make_room(cycle, stmt, task.shape, victims, may_take, False, allowance - spent, reason)
+                made = make_room(cycle, stmt, task.shape, victims, may_take, False, allowance - spent, reason,
+                                 fenced)
                 if made is None:
                     if k >= job.min_tasks:
                         break

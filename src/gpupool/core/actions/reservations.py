@@ -3,10 +3,15 @@
 A reservation holds whole nodes for a job from its earliest feasible start `start` to
 `start + estimate` (ALGORITHMS.md §3.6, node-aware, Slurm-style whole-node holds). Its start is
 found on a scratch copy of the node states by releasing running tasks in order of expected end
-(tasks with no expected end never release) until the job's mandatory tasks fit, avoiding nodes
-already held by earlier reservations over the same interval. Later jobs may use reserved nodes only
-if they are expected to end by the reservation's start, so a reservation is never delayed by a
-backfilled job as long as estimates are upper bounds.
+until the job's mandatory tasks fit, avoiding nodes already held by earlier reservations over the
+same interval. Later jobs may use reserved nodes only if they are expected to end by the
+reservation's start, so a reservation is never delayed by a backfilled job as long as estimates are
+upper bounds. Evicting actions (preempt, reclaim) keep off reserved nodes by the same rule.
+
+A task with no expected end (no estimate, no limit) is planned to run as long again as it has run so
+far: the median remaining life of a job that has run for `age` is about `age` (Harchol-Balter &
+Downey, 1997). Were it planned never to end, a gang that needs its node would get no reservation and
+would starve for as long as such tasks keep landing there.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ from typing import TYPE_CHECKING
 from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
+from gpupool.core.snapshot import RunningTask
+
+#: the least a task of unknown length is planned to run on
+MIN_UNKNOWN_REMAINING_S = 60.0
 
 if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
@@ -36,8 +45,21 @@ class Reservation:
         return estimate_s is None or now + estimate_s > self.start
 
 
+def blocking(reservations: list[Reservation], job: JobSpec, now: float) -> list[Reservation]:
+    """The reservations of other jobs whose nodes `job` must keep off if it starts now."""
+    return [r for r in reservations if r.job_id != job.id and r.blocks(now, job.estimate_s)]
+
+
+def held_nodes(reservations: list[Reservation], job: JobSpec, now: float) -> frozenset[int]:
+    """The nodes `job` must keep off if it starts now (held by other jobs' blocking reservations)."""
+    return frozenset(i for r in blocking(reservations, job, now) for i in r.nodes)
+
+
 class ReservationPlan:
-    """The reservations of one allocate pass (rebuilt every cycle, so early completions are absorbed)."""
+    """The reservations of one allocate pass (rebuilt every cycle, so early completions are absorbed).
+
+    They are kept in `cycle.reservations`, where the evicting actions that run later read them.
+    """
 
     def __init__(self, cycle: Cycle, mode: str, max_reservations: int, reserve_after_s: float | None,
                  window_s: float) -> None:
@@ -49,10 +71,10 @@ class ReservationPlan:
         self.max_reservations = max(1, max_reservations)
         self.reserve_after_s = reserve_after_s
         self.window_s = window_s
-        self.reservations: list[Reservation] = []
+        self.reservations = cycle.reservations
 
     def blockers(self, job: JobSpec) -> list[Reservation]:
-        return [r for r in self.reservations if r.job_id != job.id and r.blocks(self.cycle.now, job.estimate_s)]
+        return blocking(self.reservations, job, self.cycle.now)
 
     def qualifies(self, job: JobSpec) -> bool:
         """EASY: the first blocked jobs up to `max_reservations`; conservative: every blocked job; and any
@@ -76,7 +98,7 @@ class ReservationPlan:
         shape = job.tasks[0].shape
         copies = [copies_fit(kind, state, shape) for kind, state in zip(table.kinds, states, strict=True)]
         total = sum(copies)
-        releases = sorted((t.expected_end, t.task_id) for t in ws.running_tasks() if t.expected_end is not None)
+        releases = sorted((planned_end(t, now), t.task_id) for t in ws.running_tasks())
         k, at = 0, now
         while True:
             touched = set()
@@ -117,6 +139,14 @@ class ReservationPlan:
             scratch[i] = state.take(task.shape, _any_shares(state, task.shape))
             chosen.append(i)
         return chosen
+
+
+def planned_end(task: RunningTask, now: float) -> float:
+    """When a reservation plans `task` to end: its expected end, else `now` plus its age so far
+    (at least `MIN_UNKNOWN_REMAINING_S`)."""
+    if task.expected_end is not None:
+        return task.expected_end
+    return now + max(MIN_UNKNOWN_REMAINING_S, now - task.started_at)
 
 
 def _first_fit(kinds: tuple[NodeKind, ...], states: list[NodeState], scratch: dict[int, NodeState], held: set[int],

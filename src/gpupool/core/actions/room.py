@@ -27,8 +27,9 @@ CANDIDATE_NODES = 8
 
 def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence[RunningTask],
               may_take: Callable[[RunningTask], bool], relocate: bool, allowance: int,
-              reason: str = "preempted") -> tuple[int, int] | None:
-    """(node index, victims used) for a node freed for `shape` within `allowance`; None if none works."""
+              reason: str = "preempted", fenced: frozenset[int] = frozenset()) -> tuple[int, int] | None:
+    """(node index, victims used) for a node off `fenced` freed for `shape` within `allowance`; None if none
+    works."""
     table, ws = cycle.workspace.table, cycle.workspace
     by_node: dict[int, list[RunningTask]] = {}
     freed: dict[int, int] = {}
@@ -41,6 +42,8 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     candidates = []
     for _, _, i in sorted((milli, table.names[i], i) for i, milli in freed.items()):
         kind = table.kinds[i]
+        if i in fenced:
+            continue
         if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
             continue
         if table.states[i].schedulable and not node_fits(kind, _without(table.states[i], by_node[i]), shape):

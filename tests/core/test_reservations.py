@@ -1,0 +1,78 @@
+"""Reservations (ALGORITHMS.md §3.6, §6.5 rule 3) when some running tasks have no expected end."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from gpupool.core import (
+    ClusterSnapshot,
+    FixedClock,
+    Framework,
+    PendingKind,
+    default_registry,
+    run_cycle,
+    scheduling_profile,
+)
+from gpupool.core.actions.reservations import MIN_UNKNOWN_REMAINING_S, planned_end
+from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
+
+ONE, TWO = make_shape(1000), make_shape(1000, gpu_count=2)
+NOW = 1000.0
+
+
+def _cycle(jobs, unknown_started_at):
+    """Two 2-GPU nodes, one GPU busy on each: n1 until NOW+100, n2 with no expected end."""
+    table = table_of(make_node("n1", gpus=2), make_node("n2", gpus=2))
+    running = {}
+    known = run_on(table, running, "n1", "k/0", ONE)
+    running["k/0"] = replace(known, expected_end=NOW + 100)
+    run_on(table, running, "n2", "u/0", ONE, started_at=unknown_started_at)
+    profile = scheduling_profile("fifo", "bestfit").with_args("allocate", backfill="easy")
+    framework = Framework.build(profile, default_registry())
+    return run_cycle(ClusterSnapshot(table, tuple(jobs), running), framework, clock=FixedClock(NOW),
+                     rng=random.Random(0))
+
+
+def test_a_gang_needing_a_node_held_by_a_task_of_unknown_length_still_gets_a_reservation():
+    gang = make_job("gang", TWO, TWO, runtime_estimate_s=50)
+    late = make_job("late", ONE, submitted_at=1, runtime_estimate_s=1000)
+    result = _cycle([gang, late], unknown_started_at=NOW - 400)
+    # the unknown task has run 400 s, so it is planned to end 400 s from now: the gang holds both nodes then
+    assert result.pending["gang"].kind is PendingKind.BACKFILL_WINDOW
+    assert "from t=1400" in result.pending["gang"].message
+    # a job that would still run at t=1400 keeps off the held nodes (before, it took a free GPU at once)
+    assert result.pending["late"].kind is PendingKind.RESERVED_FOR and result.decisions == ()
+
+
+def test_a_short_job_still_backfills_before_the_planned_start():
+    short = make_job("short", ONE, submitted_at=1, runtime_estimate_s=300)
+    result = _cycle([make_job("gang", TWO, TWO, runtime_estimate_s=50), short], unknown_started_at=NOW - 400)
+    assert [d.job_id for d in result.decisions] == ["short"]
+
+
+@pytest.mark.parametrize(("started_at", "want"), [(NOW - 400, NOW + 400), (NOW - 1, NOW + MIN_UNKNOWN_REMAINING_S)])
+def test_a_task_of_unknown_length_is_planned_to_run_as_long_again_as_it_has_run(started_at, want):
+    table = table_of(make_node("n1"))
+    task = run_on(table, {}, "n1", "u/0", ONE, started_at=started_at)
+    assert planned_end(task, NOW) == want
+    assert planned_end(replace(task, expected_end=NOW + 5), NOW) == NOW + 5
+
+
+
+def test_evicting_actions_keep_off_reserved_nodes():
+    # the gang has starved past the guard and holds both nodes from t=1400; "urgent" outranks the
+    # running tasks and would preempt one, but it would still run at t=1400, so it must keep off
+    gang = make_job("gang", TWO, TWO, submitted_at=NOW - 7201, runtime_estimate_s=50)
+    urgent = make_job("urgent", TWO, submitted_at=NOW - 10, priority=10, runtime_estimate_s=1000)
+    table = table_of(make_node("n1", gpus=2), make_node("n2", gpus=2))
+    running = {}
+    for node in ("n1", "n2"):
+        run_on(table, running, node, f"{node}-task/0", ONE, started_at=NOW - 400)
+    profile = scheduling_profile("priority", "bestfit").with_args("allocate", reserve_after_s=7200.0)
+    result = run_cycle(ClusterSnapshot(table, (gang, urgent), running), Framework.build(profile, default_registry()),
+                       clock=FixedClock(NOW), rng=random.Random(0))
+    assert "from t=1400" in result.pending["gang"].message
+    assert result.decisions == () and "urgent" in result.pending
