@@ -154,15 +154,16 @@ def reconnects(cluster: Cluster, spawned: float, ready: float, timeout_s: float)
     return list(seen.values())
 
 
-def one_kill(cluster: Cluster, client: Submitter, armed: str | None, next_armed: str | None, rng: random.Random,
-             tally: Tally) -> None:
-    """Steps 2-4 of the module docstring for one kill."""
+def one_kill(cluster: Cluster, client: Submitter, per_kill: int, armed: str | None, next_armed: str | None,
+             rng: random.Random, tally: Tally) -> None:
+    """Steps 2-4 of the module docstring for one kill; `per_kill` jobs may be submitted during it."""
     server = cluster.server
     assert server is not None
     if armed is None:
+        client.allow(per_kill)
         time.sleep(rng.uniform(0.1, 1.0))
         kill_server(server)
-    elif died_at_failpoint(server, client):
+    elif died_at_failpoint(server, client, per_kill):
         name = armed.split("=")[0]
         tally.failpoint_deaths[name] = tally.failpoint_deaths.get(name, 0) + 1
     else:  # not reached in time: kill it anyway, and say so
@@ -187,17 +188,23 @@ def one_kill(cluster: Cluster, client: Submitter, armed: str | None, next_armed:
     tally.reconnect_s += reconnects(cluster, spawned, ready, timeout_s=35)
 
 
-def died_at_failpoint(server: Server, client: Submitter) -> bool:
-    """Wait up to ARMED_WAIT_S for the armed control plane to die. Every 2 s without a death one more job may be
-    submitted: the binder's points are reached only while jobs are placed, and it binds a batch at a time, so the
-    kill's own few jobs can be bound before its Nth hit."""
+def died_at_failpoint(server: Server, client: Submitter, own: int) -> bool:
+    """Wait up to ARMED_WAIT_S for the armed control plane to die, letting the kill's `own` jobs be submitted
+    one at a time, 1.5 s apart (then one more per 1.5 s, taken from later kills): the binder binds a batch at a
+    time, so jobs released together could be bound in fewer batches than the failpoint's Nth hit, and points that
+    need work in flight must never find the run's jobs used up early. Whatever of `own` is left when it dies is
+    released then, so the run keeps its pace."""
     deadline = time.monotonic() + ARMED_WAIT_S
+    released = 0
     while time.monotonic() < deadline:
+        client.allow(1)
+        released += 1
         try:
-            server.process.wait(timeout=2)
-            return True
+            server.process.wait(timeout=1.5)
         except subprocess.TimeoutExpired:
-            client.allow(1)
+            continue
+        client.allow(max(0, own - released))
+        return True
     return False
 
 
@@ -230,8 +237,8 @@ def crash_run(root: Path, plan: Plan, backend: str, database_url: str | None, se
         per_kill = -(-plan.jobs // plan.kills)
         try:
             for i, armed in enumerate(schedule):
-                client.allow(per_kill)
-                one_kill(cluster, client, armed, schedule[i + 1] if i + 1 < len(schedule) else None, rng, tally)
+                upcoming = schedule[i + 1] if i + 1 < len(schedule) else None
+                one_kill(cluster, client, per_kill, armed, upcoming, rng, tally)
             client.allow(plan.jobs)
             client.join(timeout=180)
             assert client.error is None, f"the client failed: {client.error}"
