@@ -189,22 +189,24 @@ def one_kill(cluster: Cluster, client: Submitter, per_kill: int, armed: str | No
 
 
 def died_at_failpoint(server: Server, client: Submitter, own: int) -> bool:
-    """Wait up to ARMED_WAIT_S for the armed control plane to die, letting the kill's `own` jobs be submitted
-    one at a time, 1.5 s apart (then one more per 1.5 s, taken from later kills): the binder binds a batch at a
-    time, so jobs released together could be bound in fewer batches than the failpoint's Nth hit, and points that
-    need work in flight must never find the run's jobs used up early. Whatever of `own` is left when it dies is
-    released then, so the run keeps its pace."""
+    """Wait up to ARMED_WAIT_S for the armed control plane to die, letting the kill's `own` jobs be submitted one
+    at a time, 1.5 s apart: the binder binds a batch at a time, so jobs released together could be bound in fewer
+    batches than the failpoint's Nth hit. Never more than `own`: a kill that took later kills' jobs (a metering
+    point needs none) could leave the last armed kills, whose points need submissions, with none. Whatever of
+    `own` is left when it dies is released then, so the run keeps its pace."""
     deadline = time.monotonic() + ARMED_WAIT_S
     released = 0
     while time.monotonic() < deadline:
-        client.allow(1)
-        released += 1
+        if released < own:
+            client.allow(1)
+            released += 1
         try:
             server.process.wait(timeout=1.5)
         except subprocess.TimeoutExpired:
             continue
-        client.allow(max(0, own - released))
+        client.allow(own - released)
         return True
+    client.allow(own - released)
     return False
 
 
