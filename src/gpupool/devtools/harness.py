@@ -54,9 +54,16 @@ class Postgres:
     bin: Path
 
     def create_database(self, name: str) -> str:
-        subprocess.run([*self.as_user, str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-                        "-U", "gpupool", name], check=True, capture_output=True)
-        return f"postgresql+psycopg://gpupool@127.0.0.1:{self.port}/{name}"
+        """Create database `name`. Parallel tests create databases at the same moment, and CREATE DATABASE
+        refuses while another session copies the same template, so a failure is retried a few times."""
+        command = [*self.as_user, str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+                   "gpupool", name]
+        for attempt in range(5):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode == 0:
+                return f"postgresql+psycopg://gpupool@127.0.0.1:{self.port}/{name}"
+            time.sleep(0.2 * (attempt + 1))
+        raise RuntimeError(f"createdb {name} failed: {done.stderr.strip()}")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (a database outage): `fast` disconnects every client at once, `immediate` crashes."""
