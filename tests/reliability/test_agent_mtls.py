@@ -213,6 +213,8 @@ def test_certificates_renew_under_load_and_no_node_is_lost(tmp_path: Path, book:
         names = [f"renew{i}" for i in range(3)]
         agents = [cluster.start_agent(name, "2xA100-80GB") for name in names]
         cluster.wait_ready(names)
+        for a in agents:  # a node can be ready a moment before its agent has written node.json
+            wait_for((a.data_dir / "node.json").exists, 30, "the agent to save its identity")
         first = {a.name: json.loads((a.data_dir / "node.json").read_text())["certificate"] for a in agents}
         long_jobs = [cluster.submit(command=["sleep", "120"], gpus="1") for _ in range(4)]
         for job_id in long_jobs:
