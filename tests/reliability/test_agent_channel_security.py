@@ -169,6 +169,11 @@ def hand_node(cluster: Cluster, gpus: int = 1, model: str | None = None) -> Hand
                     [f"GPU-{name}-{i}" for i in range(gpus)])
 
 
+#: the opening handshake's limit (websockets' default is 10 s): in the soak the control plane shares two cores with
+#: T1's restarts and parses fuzzed frames nested 200,000 deep, and a 10 s handshake once timed out there
+HANDSHAKE_S = 30
+
+
 class Hand:
     """One channel connection of a node, spoken by hand: frames numbered by `seq` under `boot`, and every order
     that comes kept in `orders`."""
@@ -176,7 +181,7 @@ class Hand:
     def __init__(self, url: str, credential: str, first_seq: int = 0) -> None:
         self._stack = contextlib.ExitStack()
         self.ws: ClientConnection = self._stack.enter_context(connect(
-            channel_url(url), proxy=None, max_size=None, ssl=TLS[credential],
+            channel_url(url), proxy=None, max_size=None, ssl=TLS[credential], open_timeout=HANDSHAKE_S,
             additional_headers={"Authorization": f"Bearer {credential}"}))
         self.boot = uuid.uuid4().hex
         self.seqs = itertools.count(first_seq)
