@@ -40,7 +40,7 @@ import pytest
 from sqlalchemy import select, text
 
 from gpupool.devtools.figures import figure, soak
-from gpupool.devtools.harness import Postgres, Server, free_port, start_server
+from gpupool.devtools.harness import Postgres, Server, free_port, server_log, start_server
 from gpupool.server.check import run_checks
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, Job, Lease
@@ -134,6 +134,19 @@ class Pair:
 
     def other(self, name: str) -> str:
         return next(n for n in self.servers if n != name)
+
+    def stacks(self) -> str:
+        """Every live process's thread stacks (SIGUSR1 makes a control plane log them) and its log's tail."""
+        out = []
+        for server in self.servers.values():
+            if server.process.poll() is None:
+                server.process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        for name, server in self.servers.items():
+            log = server_log(server.data_dir, server.port).read_text(errors="replace").splitlines()[-150:]
+            state = "running" if server.process.poll() is None else f"exited {server.process.returncode}"
+            out.append(f"--- {name} (pid {server.process.pid}, {state}) ---\n" + "\n".join(log))
+        return "\n".join(out)
 
     def stop_all(self) -> None:
         for server in self.servers.values():
@@ -248,7 +261,10 @@ def one_round(index: int, pair: Pair, watch: EpochWatch, submitter: Submitter, t
     else:
         process.send_signal(signal.SIGSTOP)
         tally.stops += 1
-    tally.takeovers.append(watch.wait_beyond(epoch, timeout_s=30) - faulted)
+    try:
+        tally.takeovers.append(watch.wait_beyond(epoch, timeout_s=30) - faulted)
+    except AssertionError as missed:
+        raise AssertionError(f"round {index}: {missed}\n{pair.stacks()}") from None
     if index % 2 == 0:
         pair.start(name)
     else:

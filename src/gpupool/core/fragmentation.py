@@ -1,7 +1,8 @@
 """FGD's workload-aware GPU fragmentation (ALGORITHMS.md §2.1-2.2), shared by the `fgd` policy and
 the fragmentation metrics.
 
-A `Workload` is the target task-class distribution M. `frag(kind, cpu_free, gpu_free)` is F_n(M):
+A `Workload` is the target task-class distribution M (and, when known, the cluster's GPUs per model, which
+`best`'s scarcity term needs). `frag(kind, cpu_free, gpu_free)` is F_n(M):
 the idle milli-GPU of a node that the next task, drawn from M, could not use. It depends only on the
 node's model, free CPU and the multiset of free milli-GPU per device, so it is memoised by those.
 """
@@ -9,8 +10,8 @@ node's model, free CPU and the multiset of free milli-GPU per device, so it is m
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from gpupool.core.model import TaskShape
 
@@ -36,10 +37,14 @@ class TaskClass:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Task classes with popularities summing to 1."""
+    """Task classes with popularities summing to 1, and the GPUs per model they will meet (empty: unknown)."""
 
     classes: tuple[TaskClass, ...]
     popularity: tuple[float, ...]
+    supply: tuple[tuple[str, int], ...] = ()
+
+    def with_supply(self, gpus_per_model: Mapping[str, int]) -> Workload:
+        return replace(self, supply=tuple(sorted(gpus_per_model.items())))
 
     @classmethod
     def from_shapes(cls, shapes: Iterable[TaskShape], coverage: float = 0.95) -> Workload:
@@ -65,14 +70,18 @@ class Workload:
 class FragModel:
     """F_n(M) for one workload, memoised by (model, free CPU, sorted free milli-GPU).
 
-    With `strand_weight` > 0 it adds CPU stranding: the idle milli-GPU that the node's free CPU could
-    not feed at the workload's mean CPU per GPU (`cpu_per_gpu`, milli-CPU per milli-GPU over GPU
-    classes), times the weight. Plain FGD (and the fragmentation metric) use weight 0.
+    Two terms of `best` (docs/design/placement.md) come on top with positive weights; plain FGD and the
+    fragmentation metric use neither:
+    - `strand_weight`: CPU stranding, the idle milli-GPU that the node's free CPU could not feed at the
+      workload's mean CPU per GPU (`cpu_per_gpu`, milli-CPU per milli-GPU over GPU classes);
+    - `scarcity_weight`: the node's used milli-GPU times its model's `pressure` (`model_pressure`), so that
+      a task that could run anywhere leaves the models other tasks are confined to.
     """
 
-    def __init__(self, workload: Workload, strand_weight: float = 0.0) -> None:
+    def __init__(self, workload: Workload, strand_weight: float = 0.0, scarcity_weight: float = 0.0) -> None:
         self.workload = workload
         self.strand_weight = strand_weight
+        self.scarcity_weight = scarcity_weight
         gpu = [(c, p) for c, p in zip(workload.classes, workload.popularity, strict=True) if c.gpu_milli]
         self._cpu_only_p = sum(p for c, p in zip(workload.classes, workload.popularity, strict=True)
                                if not c.gpu_milli)
@@ -80,6 +89,7 @@ class FragModel:
                                   for c, p in gpu)
         gpu_demand = sum(p * c.gpu_milli * c.gpu_count for c, p in gpu)
         self.cpu_per_gpu = sum(p * c.cpu_milli for c, p in gpu) / gpu_demand if gpu_demand else 0.0
+        self.pressure = model_pressure(workload) if scarcity_weight else {}
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     def frag(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
@@ -109,5 +119,28 @@ class FragModel:
                 total += p * sum(r for r in free if r < milli)
         if self.strand_weight and self.cpu_per_gpu:
             total += self.strand_weight * max(0.0, idle - cpu_free / self.cpu_per_gpu)
+        pressure = self.pressure.get(model)
+        if pressure:
+            total += self.scarcity_weight * pressure * (1000 * len(free) - idle)
         return total
+
+
+def model_pressure(workload: Workload) -> dict[str, float]:
+    """Per GPU model of `workload.supply`: the share of the workload's GPU demand that only that model (or a
+    list it is on) can serve, over the model's share of the supply. A class allowed on several models is
+    split between them by supply. 1.0 means the confined demand alone would take the model's whole share;
+    models nothing is confined to are left out (pressure 0)."""
+    supply = {m: n for m, n in workload.supply if n > 0}
+    gpu = [(c, p * c.gpu_milli * c.gpu_count) for c, p in zip(workload.classes, workload.popularity, strict=True)
+           if c.gpu_milli and c.gpu_count]
+    demand, total_supply = sum(d for _, d in gpu), sum(supply.values())
+    if not demand or not total_supply:
+        return {}
+    confined: dict[str, float] = {}
+    for c, d in gpu:
+        allowed = [m for m in set(c.gpu_models) if m in supply]
+        room = sum(supply[m] for m in allowed)
+        for m in allowed:
+            confined[m] = confined.get(m, 0.0) + d * supply[m] / room
+    return {m: (need / demand) / (supply[m] / total_supply) for m, need in confined.items()}
 

@@ -1,9 +1,14 @@
 """`python -m gpupool.server`: run the control plane (what `gpupool server` and `gpupool up` start);
-`python -m gpupool.server rotate-master-key --data-dir D`: rotate the master key of job secrets."""
+`python -m gpupool.server rotate-master-key --data-dir D`: rotate the master key of job secrets.
+
+`kill -USR1 PID` makes a running control plane write every thread's stack to its log (stderr) and carry on:
+what to look at when it seems stuck."""
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 
 import uvicorn
@@ -40,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
     return 0
 

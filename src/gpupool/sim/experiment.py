@@ -8,6 +8,7 @@ summary.json, plots and report.md.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -48,6 +49,11 @@ def load_pods(path: str) -> tuple[Pod, ...]:
     return tuple(read_pods(path))
 
 
+def target_workload(pods: list[Pod], nodes: list[NodeSpec]) -> Workload:
+    """The workload-aware policies' M: the pods' task classes, meeting the nodes' GPUs per model."""
+    return Workload.from_shapes(p.shape for p in pods).with_supply(Counter(g.model for n in nodes for g in n.gpus))
+
+
 @dataclass(frozen=True, slots=True)
 class FillTask:
     nodes: str
@@ -62,7 +68,7 @@ def fill_task(task: FillTask) -> list[dict[str, str]]:
     """One fill run; returns its results.csv rows."""
     nodes = list(load_nodes(task.nodes))
     pods = list(load_pods(task.pods))
-    workload = Workload.from_shapes(p.shape for p in pods)
+    workload = target_workload(pods, nodes)
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     order = tune(pods, capacity, task.demand, random.Random(task.seed))
     profile = placement_profile(task.policy).with_workload(workload)
@@ -153,10 +159,10 @@ def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str =
     return arrivals
 
 
-def _replay_profile(task: ReplayTask, pods: list[Pod]) -> Profile:
+def _replay_profile(task: ReplayTask, pods: list[Pod], nodes: list[NodeSpec]) -> Profile:
     profile = scheduling_profile(task.profile, task.policy) if task.profile else placement_profile(task.policy)
     if profile.workload_plugins:
-        profile = profile.with_workload(Workload.from_shapes(p.shape for p in pods))
+        profile = profile.with_workload(target_workload(pods, nodes))
     if task.consolidate is not None:
         per_cycle, per_hour = task.consolidate
         profile = profile.with_actions(*profile.actions, "consolidate").with_args(
@@ -172,7 +178,7 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     require_times(task.pods, pods)
     tree = load_queues(task.queues) if task.queues else None
     arrivals = openb_arrivals(pods, tree, task.assign, task.time_scale)
-    run = Replay(nodes, arrivals, _replay_profile(task, pods), task.seed, task.tick_s, task.sample_s, tree).run()
+    run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree).run()
     trace, label = trace_name(task.pods), task.label
     return (replay_report.sample_rows(trace, label, task.seed, run),
             replay_report.job_rows(trace, label, task.seed, run),

@@ -1,0 +1,71 @@
+"""`best` (strand_aware): its two terms on top of FGD, on hand-computed clusters (docs/design/placement.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.core import Workload
+from gpupool.core.fragmentation import FragModel, TaskClass, model_pressure
+from gpupool.core.nodes import NodeKind, NodeState
+from gpupool.core.plugins.score.strand_aware import StrandAwarePolicy
+from gpupool.core.testing.builders import make_node, make_shape
+
+# Half of the tasks run anywhere, half only on a T4; all take 8 cores and one GPU: cpu_per_gpu = 8 milli-CPU
+# per milli-GPU. Two T4s and two G2s: the T4-only half needs 500 of every 1000 milli-GPU demanded, and the T4s
+# are 2/4 of the supply, so the T4 pressure is 0.5 / 0.5 = 1.0.
+ANYWHERE, T4_ONLY = TaskClass(8000, 1000, 1), TaskClass(8000, 1000, 1, ("T4",))
+HALF_T4 = Workload((ANYWHERE, T4_ONLY), (0.5, 0.5)).with_supply({"T4": 2, "G2": 2})
+
+
+def node(model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> tuple[NodeKind, NodeState]:
+    spec = make_node(gpus=len(gpu_free), cpu_milli=cpu_free, model=model)
+    return NodeKind.of(spec), NodeState(cpu_free, 262_144, gpu_free, (0,) * len(gpu_free), ())
+
+
+def test_pressure_is_the_confined_demand_share_over_the_supply_share():
+    assert model_pressure(HALF_T4) == {"T4": 1.0}
+
+
+def test_a_class_allowed_on_several_models_is_split_by_supply():
+    either = TaskClass(1000, 1000, 1, ("T4", "G2"))
+    # all demand may use T4 or G2 (supply 1:3): T4 gets 1/4 of it and has 1/4 of the supply
+    assert model_pressure(Workload((either,), (1.0,)).with_supply({"T4": 1, "G2": 3})) == {"T4": 1.0, "G2": 1.0}
+
+
+def test_no_supply_known_means_no_pressure():
+    assert model_pressure(Workload((ANYWHERE, T4_ONLY), (0.5, 0.5))) == {}
+
+
+@pytest.mark.parametrize(
+    ("model", "cpu_free", "gpu_free", "want"),
+    [
+        # FGD: ANYWHERE fits (0); T4_ONLY cannot use a G2 (0.5 * 2000); no stranding (2000 - 16000 / 8 = 0)
+        ("G2", 16_000, (1000, 1000), 1000.0),
+        # 12 cores feed 1500 of 2000 idle milli: stranding 500, weight 2
+        ("G2", 12_000, (1000, 1000), 2000.0),
+        # after one task there: ANYWHERE lacks CPU (0.5 * 1000), T4_ONLY (0.5 * 1000), stranding 2 * (1000 - 500)
+        ("G2", 4_000, (0, 1000), 2000.0),
+        # a T4 where both classes fit: no FGD fragment, no stranding, but its used GPU weighs 1.0 * 1000
+        ("T4", 56_000, (0, 1000), 1000.0),
+        ("T4", 64_000, (1000, 1000), 0.0),
+    ],
+)
+def test_fragmentation_with_both_terms(model, cpu_free, gpu_free, want):
+    assert FragModel(HALF_T4, strand_weight=2.0, scarcity_weight=1.0).frag(model, cpu_free, gpu_free) == want
+
+
+def test_a_task_that_runs_anywhere_leaves_the_scarce_model():
+    # On a CPU-tight G2 the task removes as much stranding as it adds fragmentation (score 50, as on the T4,
+    # where FGD sees nothing change): a tie without the scarcity term. With it, the T4's used GPU costs
+    # 1.0 * 1000 milli: trunc(100 * sigmoid(-1)) = 26.
+    g2, t4 = node("G2", 12_000, (1000, 1000)), node("T4", 64_000, (1000, 1000))
+    task = make_shape(1000, cpu_milli=8000)
+    strand_only = StrandAwarePolicy(HALF_T4, strand_weight=2.0, scarcity_weight=0.0)
+    assert strand_only.score(*g2, task) == strand_only.score(*t4, task) == 50
+    best = StrandAwarePolicy(HALF_T4)
+    assert (best.score(*g2, task), best.score(*t4, task)) == (50, 26)
+
+
+def test_weights_must_not_be_negative():
+    with pytest.raises(ValueError, match="scarcity_weight"):
+        StrandAwarePolicy(HALF_T4, scarcity_weight=-1.0)
