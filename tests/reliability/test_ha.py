@@ -8,7 +8,8 @@ scaled: lease 1.5 s, renew deadline 1.0 s, retry 0.2 s). Rounds alternate the tw
   `scheduler.before_bind=sleep(400)` and `binder.after_allocation_insert=sleep(200)`, and a burst of submissions
   lands just before the stop, so the leader is most often paused with a cycle's decisions in hand (resumed, it
   binds them with its old epoch and the fence refuses them) or inside its fenced transaction (the database ends
-  the paused session after lease_s idle, so the takeover is not blocked, and the zombie's commit fails).
+  the paused session after lease_s idle, so the takeover is not blocked, and the zombie's commit fails; paused in
+  the middle of a statement, where that timeout does not apply, the takeover ends its session after 2 leases).
 
 Jobs are submitted throughout (each with an Idempotency-Key, to whichever control plane answers) onto nodes that
 registered without an agent (so allocations stay "starting"). Reported: takeover time (fault -> a new epoch in the
@@ -433,3 +434,33 @@ def test_a_leader_paused_inside_a_fenced_transaction_is_cut_off(lease_db: Databa
         session.execute(text("SELECT 1"))
     assert not isinstance(caught.value, AssertionError), caught.value
     assert b.epoch == a.epoch + 1
+
+
+def test_a_leader_stuck_inside_a_statement_is_cut_off(lease_db: Database, tmp_path: Path):
+    """The idle-in-transaction timeout does not end a session in the middle of a statement (a leader paused halfway
+    through a pipelined batch, or blocked on a lock); the takeover ends it once it has waited CUT_OFF_LEASES leases."""
+    a, b = leases(lease_db, tmp_path, lease_s=0.5)
+    assert a.hold()
+    fenced, failures = threading.Event(), []
+
+    def stuck_write() -> None:
+        try:
+            with lease_db.session() as session:
+                a.fence(session, a.epoch)
+                fenced.set()
+                session.execute(text("SELECT pg_sleep(60)"))
+        except Exception as exc:  # noqa: BLE001 - the driver's error for a terminated session
+            failures.append(exc)
+
+    writer = threading.Thread(target=stuck_write)
+    writer.start()
+    assert fenced.wait(5)
+    time.sleep(0.6)  # a's lease has expired; its session is inside a statement, holding the lease row
+    started = time.monotonic()
+    while not b.hold() and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    waited = time.monotonic() - started
+    writer.join(10)
+    assert b.is_leader() and b.epoch == a.epoch + 1, "the takeover must not wait for the stuck leader"
+    assert waited < 5, f"took {waited:.1f} s"
+    assert failures and not writer.is_alive(), "the stuck leader's transaction must have been ended"

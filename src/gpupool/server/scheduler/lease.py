@@ -15,7 +15,11 @@ On SQLite: an exclusive file lock next to the database (one process per data dir
 
 Every lease and fenced transaction on PostgreSQL sets `idle_in_transaction_session_timeout` to `lease_s`:
 a leader paused inside a transaction holds the row lock, and the database ends its session (rolling the
-transaction back) so that the other process can take over.
+transaction back) so that the other process can take over. That timeout covers a session waiting for its
+next statement only; a leader paused in the middle of one (halfway through a pipelined batch, or blocked on a
+lock) keeps the row locked. So a takeover waits for the row at most `CUT_OFF_LEASES` x `lease_s`
+(`lock_timeout`); then, if the lease has expired on the database's clock, it ends the sessions that hold the
+lease table locked (`pg_terminate_backend`: their transactions roll back) and tries again.
 """
 
 from __future__ import annotations
@@ -30,13 +34,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
 
+from psycopg.errors import LockNotAvailable
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Lease
 
 LEASE_NAME = "scheduler"
+#: how many lease durations a takeover waits for the lease row before it cuts off an expired holder's sessions
+CUT_OFF_LEASES = 2
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +82,14 @@ class SchedulerLease:
         if not self.is_leader() and started - self._tried_at < self.retry_s:
             return False
         self._tried_at = started
-        if self._row_lease():
+        try:
+            taken = self._row_lease()
+        except OperationalError as exc:
+            if not isinstance(exc.orig, LockNotAvailable):
+                raise
+            self._cut_off_expired_holder()
+            taken = False
+        if taken:
             self._renewed_at = started
             return True
         self._renewed_at = float("-inf")
@@ -132,9 +147,11 @@ class SchedulerLease:
             return row.epoch
 
     def _row_lease(self) -> bool:
-        """One acquire-or-renew transaction on the lease row, timed by the database's clock."""
+        """One acquire-or-renew transaction on the lease row, timed by the database's clock; raises the driver's
+        LockNotAvailable (in OperationalError) after waiting `CUT_OFF_LEASES` x `lease_s` for the row."""
         with self.db.session() as session:
             self._bound(session)
+            session.execute(text(f"SET LOCAL lock_timeout = {max(1, int(CUT_OFF_LEASES * self.lease_s * 1000))}"))
             now = session.scalar(select(func.now()))
             row = session.scalar(select(Lease).where(Lease.name == LEASE_NAME).with_for_update())
             until = now + timedelta(seconds=self.lease_s)
@@ -151,6 +168,24 @@ class SchedulerLease:
             row.expires_at = until
             self.epoch = row.epoch
             return True
+
+    def _cut_off_expired_holder(self) -> None:
+        """The lease row stayed locked past the lock timeout: if the lease has expired, end every other session
+        that holds the lease table locked (FOR SHARE or FOR UPDATE: a deposed leader's fenced transaction)."""
+        with self.db.session() as session:
+            row = session.execute(select(Lease.holder, Lease.expires_at, func.now()).where(
+                Lease.name == LEASE_NAME)).first()
+            if row is None or row.holder == self.holder:
+                return
+            expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
+            if expires > row[2]:
+                return
+            ended = session.scalars(text(  # materialised first: SQL does not order a WHERE clause's conditions
+                "WITH holders AS MATERIALIZED (SELECT DISTINCT pid FROM pg_locks WHERE relation = 'leases'::regclass "
+                "AND mode = 'RowShareLock' AND granted AND pid <> pg_backend_pid()) "
+                "SELECT pid FROM holders WHERE pg_terminate_backend(pid)")).all()
+        log.warning("scheduler lease: the expired holder %s kept the lease row locked; ended its session(s) %s",
+                    row.holder, ended)
 
     def release(self) -> None:
         """Give the lease up (process shutdown): the file lock, or the row's remaining time."""
