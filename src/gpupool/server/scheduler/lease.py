@@ -182,6 +182,7 @@ class SchedulerLease:
                 return
             ended = session.scalars(text(  # materialised first: SQL does not order a WHERE clause's conditions
                 "WITH holders AS MATERIALIZED (SELECT DISTINCT pid FROM pg_locks WHERE relation = 'leases'::regclass "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
                 "AND mode = 'RowShareLock' AND granted AND pid <> pg_backend_pid()) "
                 "SELECT pid FROM holders WHERE pg_terminate_backend(pid)")).all()
         log.warning("scheduler lease: the expired holder %s kept the lease row locked; ended its session(s) %s",
