@@ -39,8 +39,6 @@ class Workspace:
         self.journal: list[tuple[int, object, object]] = []
         self.tree = snapshot.queues
         self._snapshot_jobs: dict[str, list[str]] | None = None  # job id -> its task ids running at the start
-        #: job id -> task ids ever placed or moved in the overlay (a superset: `running` decides, so undo keeps it)
-        self._overlay_jobs: dict[str, set[str]] = {}
         #: resources in use per queue (leaf and ancestors), kept in step with every change
         self.usage: dict[str, ResourceVector] = {}
         if self.tree is not None and snapshot.queue_usage is not None:
@@ -82,7 +80,7 @@ class Workspace:
             for task in self.snapshot.running.values():
                 self._snapshot_jobs.setdefault(task.job_id, []).append(task.task_id)
         ids = set(self._snapshot_jobs.get(job_id, ()))
-        ids.update(self._overlay_jobs.get(job_id, ()))
+        ids.update(i for i, t in self.overlay.items() if t is not None and t.job_id == job_id)
         return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
 
     def set_node(self, i: int, state: NodeState) -> None:
@@ -92,8 +90,6 @@ class Workspace:
     def set_task(self, task_id: str, task: RunningTask | None) -> None:
         self.journal.append((_TASK, task_id, self.overlay.get(task_id, _ABSENT)))
         self.overlay[task_id] = task
-        if task is not None:
-            self._overlay_jobs.setdefault(task.job_id, set()).add(task_id)
 
     def undo_to(self, mark: int) -> None:
         """Undo journal entries after position `mark`, newest first."""
