@@ -41,6 +41,19 @@ def test_main_writes_the_report_with_date_machine_and_command(tmp_path: Path):
     text = out.read_text()
     assert "| T6 | `disk_full_events=2 lost=0 partial=0 recover_s=0.01 integrity=ok` |" in text
     assert "- command: `make soak`" in text and "- date: " in text and "CPUs" in text
+    assert "- result:" not in text  # no pytest summary among the files
+
+
+@pytest.mark.parametrize(("log", "expected"), [
+    ("....\n575 passed, 2 skipped, 2 xfailed in 3937.81s (1:05:37)\n",
+     "575 passed, 2 skipped, 2 xfailed in 3937.81s (1:05:37)"),
+    ("== 1 failed, 12 passed in 3.10s ==\n", "1 failed, 12 passed in 3.10s"),
+    ("T1  passed=3 in 2s\nno summary here\n", ""),
+], ids=["quiet", "framed", "none"])
+def test_the_report_carries_the_pytest_result_line(tmp_path: Path, log: str, expected: str):
+    assert figures.result([log]) == expected
+    text = figures.report(["T6  lost=0"], "make soak", outcome=figures.result([log]))
+    assert (f"- result: {expected}\n" in text) == bool(expected)
 
 
 def test_parts_hand_every_part_to_the_one_add_that_completes_them(tmp_path: Path):

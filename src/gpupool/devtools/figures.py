@@ -6,7 +6,7 @@ $GPUPOOL_FIGURES when that is set (pytest captures output; under xdist the file 
 
 `python -m gpupool.devtools.figures --out reports/reliability.md --command "make soak" FILE...` collects every
 figure line of the given files (figure files or test logs, in order, duplicates dropped) into a Markdown report
-with the date, the machine and the command.
+with the date, the machine, the command and pytest's result line (the last one found in the files).
 
 A figure whose numbers come from many tests (a parametrised matrix, possibly spread over xdist workers) gathers
 them with `Parts`: each test leaves its part in a folder the whole session shares (`session_folder`), and the test
@@ -32,6 +32,8 @@ from typing import Any
 ENV = "GPUPOOL_FIGURES"
 SOAK_ENV = "GPUPOOL_SOAK"
 LINE = re.compile(r"^[TS]\d+[a-z]?\s")
+#: pytest's closing summary, e.g. "575 passed, 2 skipped, 2 xfailed in 3937.81s (1:05:37)" (maybe inside "=")
+RESULT = re.compile(r"^=*\s*(\d+ (?:passed|failed|errors?)\b.* in \d[\d.]*s\b.*?)\s*=*$")
 
 
 def soak() -> bool:
@@ -102,6 +104,17 @@ def collect(texts: Iterable[str]) -> list[str]:
     return list(seen)
 
 
+def result(texts: Iterable[str]) -> str:
+    """pytest's last summary line in `texts` ("" if none): how the run that printed the figures ended."""
+    found = ""
+    for text in texts:
+        for raw in text.splitlines():
+            match = RESULT.match(raw.strip())
+            if match:
+                found = match.group(1)
+    return found
+
+
 def machine() -> str:
     """One line about where the figures were measured."""
     cpus = os.cpu_count() or 0
@@ -109,14 +122,15 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def report(lines: Sequence[str], command: str, when: str | None = None) -> str:
-    """The Markdown report: when, where and how, then a table of the figure lines (test id, figures). `when`
-    defaults to the current UTC time."""
+def report(lines: Sequence[str], command: str, when: str | None = None, outcome: str = "") -> str:
+    """The Markdown report: when, where, how and with what result, then a table of the figure lines (test id,
+    figures). `when` defaults to the current UTC time."""
     when = when or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    outcome_line = f"- result: {outcome}\n" if outcome else ""
     rows = [f"| {line.split(None, 1)[0]} | `{line.split(None, 1)[1] if ' ' in line else ''}` |" for line in lines]
     body = "\n".join(rows) if rows else "| - | no figure line was printed |"
     return (f"# gpupool reliability figures\n\n"
-            f"- date: {when}\n- machine: {machine()}\n- command: `{command}`\n\n"
+            f"- date: {when}\n- machine: {machine()}\n- command: `{command}`\n{outcome_line}\n"
             f"| test | figures (RELIABILITY.md §3.3) |\n|---|---|\n{body}\n")
 
 
@@ -126,9 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("reports/reliability.md"))
     parser.add_argument("--command", default="make soak")
     args = parser.parse_args(argv)
-    lines = collect(f.read_text(errors="replace") for f in args.files if f.is_file())
+    texts = [f.read_text(errors="replace") for f in args.files if f.is_file()]
+    lines = collect(texts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(lines, args.command))
+    args.out.write_text(report(lines, args.command, outcome=result(texts)))
     print(f"{len(lines)} figure lines -> {args.out}", file=sys.stderr)
     return 0
 
