@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from gpupool.core.model import DeviceShare, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
 from gpupool.core.units import MILLI
@@ -85,3 +87,21 @@ def copies_fit(kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
     elif shape.gpu_count:
         limits.append(sum(1 for free in state.gpu_free if free >= MILLI) // shape.gpu_count)
     return min(limits) if limits else 64
+
+
+def without(state: NodeState, released: Iterable[tuple[TaskShape, Sequence[DeviceShare]]]) -> NodeState:
+    """The node's state once the tasks of `released` (shape, shares) are gone, for questions of fit only: in one
+    pass, without the checks of `NodeState.give` and without placement tags; a GPU free again leaves its group."""
+    gpu, gmem = list(state.gpu_free), list(state.gpu_memory_free)
+    cpu, mem = state.cpu_free, state.memory_free
+    for shape, shares in released:
+        cpu += shape.cpu_milli
+        mem += shape.memory_mib
+        for share in shares:
+            gpu[share.index] += share.milli
+            gmem[share.index] += share.memory_mib
+    groups = state.gpu_groups
+    if groups:
+        groups = tuple("" if gpu[g] >= MILLI else group for g, group in enumerate(groups))
+        groups = groups if any(groups) else ()
+    return NodeState(cpu, mem, tuple(gpu), tuple(gmem), (), state.schedulable, groups)

@@ -15,14 +15,14 @@ if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
 
 
-def start_by_evicting(cycle: Cycle, job: JobSpec, candidates: list[RunningTask],
+def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
                       may_take: Callable[[RunningTask], bool], allowance: int, reason: str) -> int:
-    """Try to start `job`, evicting from `candidates` (victim-plugin order); jobs evicted (0 if it did not start).
+    """Try to start `job`, evicting from `victims` (in the victim plugin's order, which the caller computes once
+    for the jobs that share a candidate list); jobs evicted (0 if it did not start).
 
     Like allocate, it keeps off the nodes that this cycle's reservations hold against `job`.
     """
     placer, table = cycle.framework.placer, cycle.workspace.table
-    victims = list(cycle.framework.victims.order_victims(job, candidates))
     fenced = held_nodes(cycle.reservations, job, cycle.now)
     with cycle.statement() as stmt:
         for k, task in enumerate(job.tasks):

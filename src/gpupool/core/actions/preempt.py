@@ -1,7 +1,8 @@
 """Preempt (inside a queue): a pending job evicts lower-priority preemptible jobs of its own leaf
 queue to start. Victims must have run at least the queue's `preempt_min_runtime_s`, are taken in the
-victim plugin's order (least work lost first), never include tasks placed in this cycle, and a job is
-evicted whole. The statement commits only if the preemptor starts, within `max_victims` per cycle.
+victim plugin's order (least work lost first; computed once per queue and priority in a cycle), never
+include tasks placed in this cycle, and a job is evicted whole. The statement commits only if the
+preemptor starts, within `max_victims` per cycle.
 
 No preemption cycles: a victim always has strictly lower priority than its preemptor, so the
 evicted job can never preempt back the job that evicted it.
@@ -40,7 +41,8 @@ class PreemptAction(Action):
                 continue
             key = (job.queue, job.priority)
             if key not in found:
-                found[key] = [t for t in by_queue.get(job.queue, []) if _eligible(cycle, job, t)]
+                found[key] = list(cycle.framework.victims.order_victims(
+                    job, [t for t in by_queue.get(job.queue, []) if _eligible(cycle, job, t)]))
             if found[key]:
                 evicted = start_by_evicting(cycle, job, found[key], lambda t: True, left, "preempted")
                 attempts.record(job, evicted)

@@ -45,7 +45,8 @@ class ReclaimAction(Action):
         left, attempts = self.max_victims, Attempts(self.max_attempts)
         # Running tasks, victims and job sizes are gathered when a first job may reclaim (most cycles have none).
         units: _JobUnits | None = None
-        evictable: list[RunningTask] | None = None  # in victim order, so later sorts of subsequences are linear
+        # in the victim plugin's order for the first job that may reclaim, kept for the whole cycle
+        evictable: list[RunningTask] | None = None
         others: dict[str, list[RunningTask]] = {}  # per reclaiming queue: the evictable tasks of other queues
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:

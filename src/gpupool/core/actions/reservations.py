@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits
+from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits, without
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
 from gpupool.core.snapshot import RunningTask
@@ -89,27 +89,30 @@ class ReservationPlan:
     def reserve(self, job: JobSpec) -> Reservation | None:
         """Hold nodes for `job` at its earliest start within the window; None if there is none.
 
-        Tasks are released in order of expected end; the exact fit is re-checked only when the
-        number of copies of the job's first shape that free nodes could take reaches `min_tasks`.
+        Tasks are released in order of expected end, only on nodes that could take one of the job's mandatory
+        shapes when empty; the exact fit is re-checked only when the number of copies of the job's first shape
+        that free nodes could take reaches `min_tasks`.
         """
         estimate = job.estimate_s if job.estimate_s is not None else math.inf
         table, ws, now = self.cycle.workspace.table, self.cycle.workspace, self.cycle.now
         states = list(table.states)
         shape = job.tasks[0].shape
-        copies = [copies_fit(kind, state, shape) for kind, state in zip(table.kinds, states, strict=True)]
+        relevant = _relevant_nodes(table.kinds, job)
+        copies = [copies_fit(kind, state, shape) if relevant[i] else 0
+                  for i, (kind, state) in enumerate(zip(table.kinds, states, strict=True))]
         total = sum(copies)
-        releases = sorted((planned_end(t, now), t.task_id) for t in ws.running_tasks())
+        releases = sorted((planned_end(t, now), t.task_id, i) for t in ws.running_tasks()
+                          if relevant[i := table.index[t.node]])
         k, at = 0, now
         while True:
-            touched = set()
+            released: dict[int, list[tuple[TaskShape, tuple[DeviceShare, ...]]]] = {}
             while k < len(releases) and releases[k][0] <= at:
                 task = ws.running(releases[k][1])
-                k += 1
                 if task is not None:
-                    i = table.index[task.node]
-                    states[i] = states[i].give(task.shape, task.shares)
-                    touched.add(i)
-            for i in touched:  # once per node and time step: many tasks may end at once (or be overdue)
+                    released.setdefault(releases[k][2], []).append((task.shape, task.shares))
+                k += 1
+            for i, tasks in released.items():  # once per node and time step: many tasks may end at once
+                states[i] = without(states[i], tasks)
                 fresh = copies_fit(table.kinds[i], states[i], shape)
                 total += fresh - copies[i]
                 copies[i] = fresh
@@ -139,6 +142,13 @@ class ReservationPlan:
             scratch[i] = state.take(task.shape, _any_shares(state, task.shape))
             chosen.append(i)
         return chosen
+
+
+def _relevant_nodes(kinds: tuple[NodeKind, ...], job: JobSpec) -> list[bool]:
+    """Per node: could it take one of the job's mandatory shapes were it empty? Only these nodes matter."""
+    shapes = {task.shape for task in job.tasks[: job.min_tasks]}
+    by_kind = {kind: any(copies_fit(kind, NodeState.empty(kind), s) for s in shapes) for kind in set(kinds)}
+    return [by_kind[kind] for kind in kinds]
 
 
 def planned_end(task: RunningTask, now: float) -> float:

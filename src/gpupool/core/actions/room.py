@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from gpupool.core.fit import node_fits
+from gpupool.core.fit import node_fits, without
 from gpupool.core.model import TaskShape
-from gpupool.core.nodes import NodeState
 from gpupool.core.snapshot import RunningTask
 from gpupool.core.statement import Statement
 
@@ -29,12 +28,12 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
               may_take: Callable[[RunningTask], bool], relocate: bool, allowance: int,
               reason: str = "preempted", fenced: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     """(node index, victims used) for a node off `fenced` freed for `shape` within `allowance`; None if none
-    works."""
-    table, ws = cycle.workspace.table, cycle.workspace
+    works. `victims` are tasks as they ran when the caller listed them (from `Workspace.running_tasks`)."""
+    table, overlay = cycle.workspace.table, cycle.workspace.overlay
     by_node: dict[int, list[RunningTask]] = {}
     freed: dict[int, int] = {}
     for task in victims:
-        current = ws.running(task.task_id)
+        current = overlay[task.task_id] if task.task_id in overlay else task  # as it runs now (Workspace.running)
         if current is not None and current.node == task.node:  # earlier changes may have moved or evicted it
             i = table.index[current.node]
             by_node.setdefault(i, []).append(current)
@@ -46,7 +45,8 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             continue
         if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
             continue
-        if table.states[i].schedulable and not node_fits(kind, _without(table.states[i], by_node[i]), shape):
+        released = ((t.shape, t.shares) for t in by_node[i])
+        if table.states[i].schedulable and not node_fits(kind, without(table.states[i], released), shape):
             candidates.append(i)
             if len(candidates) == CANDIDATE_NODES:
                 break
@@ -57,19 +57,6 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             return i, used
         stmt.rollback(checkpoint)
     return None
-
-
-def _without(state: NodeState, tasks: list[RunningTask]) -> NodeState:
-    """The node's state if all `tasks` were gone (one pass; tags are irrelevant to fitting)."""
-    gpu, gmem = list(state.gpu_free), list(state.gpu_memory_free)
-    cpu, mem = state.cpu_free, state.memory_free
-    for task in tasks:
-        cpu += task.shape.cpu_milli
-        mem += task.shape.memory_mib
-        for share in task.shares:
-            gpu[share.index] += share.milli
-            gmem[share.index] += share.memory_mib
-    return NodeState(cpu, mem, tuple(gpu), tuple(gmem))
 
 
 def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[RunningTask],
