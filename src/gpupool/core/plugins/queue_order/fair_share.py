@@ -1,7 +1,16 @@
 """Fair share: queues furthest below their fair share of GPU units go first (KAI's allocation order:
 queues at or under fair share before those over it, then higher queue priority, then the smaller
 usage-to-share ratio). The fair shares themselves come from the two-phase division with
-time-decayed usage (`gpupool.core.quota.fair_shares`), which changes only over-quota shares."""
+time-decayed usage (`gpupool.core.quota.fair_shares`), which changes only over-quota shares.
+
+Inside a queue, higher priority first, then by `job_order`:
+
+- `submitted`: submission time (first come, first served);
+- `expected_end`: submission time plus the runtime estimate, i.e. the end the job would reach had it
+  started on arrival. A job is passed only by jobs submitted before its own expected end, and shorter
+  jobs go first among those, which lowers the mean wait; a job without an estimate keeps its place
+  by submission time.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +26,20 @@ if TYPE_CHECKING:
     from gpupool.core.cycle import QueueView
 
 INFINITE = Fraction(10**12)
+JOB_ORDERS = ("submitted", "expected_end")
 
 
 class FairShareQueueOrder(QueueOrderPlugin):
     name = "fair_share"
 
+    def __init__(self, job_order: str = "submitted") -> None:
+        if job_order not in JOB_ORDERS:
+            raise ValueError(f"fair_share: job_order must be one of {', '.join(JOB_ORDERS)}")
+        self.expected_end = job_order == "expected_end"
+
     def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
+        if self.expected_end:
+            return (-job.priority, job.submitted_at + (job.estimate_s or 0.0), job.id)
         return (-job.priority, job.submitted_at, job.id)
 
     def queue_key(self, queue: str, view: QueueView) -> tuple[Hashable, ...] | None:
