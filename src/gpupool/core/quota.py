@@ -26,12 +26,14 @@ from gpupool.core.queues import DEFAULT_UNIT, GPU_UNITS, NON_PREEMPTIBLE, QueueT
 from gpupool.core.resources import ResourceVector
 from gpupool.core.units import CPU, MEMORY, MILLI
 
+_NONE = ResourceVector()
+
 
 def add_usage(usage: dict[str, ResourceVector], tree: QueueTree, queue: str, charge: ResourceVector,
               sign: int = 1) -> None:
     """Add (sign=1) or remove (sign=-1) `charge` on `queue` and all its ancestors."""
     for name in tree.paths[queue]:
-        current = usage.get(name, ResourceVector())
+        current = usage.get(name, _NONE)
         usage[name] = current + charge if sign > 0 else current - charge
 
 
@@ -46,7 +48,7 @@ def _keeps(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resou
     spec = tree.specs[name]
     guaranteed = spec.guaranteed[resource]
     lend = _cap(spec.lend_limit, resource)
-    unused = max(0, guaranteed - used.get(name, ResourceVector())[resource])
+    unused = max(0, guaranteed - used.get(name, _NONE)[resource])
     return max(0, unused - lend) if lend is not None else 0
 
 
@@ -72,9 +74,10 @@ def _parent_capacity(tree: QueueTree, name: str, resource: str, cluster: Resourc
 
 
 def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
-                  cluster: ResourceVector) -> str:
+                  cluster: ResourceVector, extra: int) -> str:
+    """The first rule queue `name` breaks in `resource` if it held `extra` more (its siblings unchanged)."""
     spec = tree.specs[name]
-    mine = used.get(name, ResourceVector())[resource]
+    mine = used.get(name, _NONE)[resource] + extra
     if resource.startswith(NON_PREEMPTIBLE):
         base = resource.removeprefix(NON_PREEMPTIBLE)
         if mine > spec.guaranteed[base]:
@@ -88,7 +91,7 @@ def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector]
     if borrow is not None and over > borrow:
         return f"queue {name} would borrow {over} {resource}, more than its borrow limit {borrow}"
     siblings = tree.siblings(name)
-    level = mine + sum(used.get(s, ResourceVector())[resource] for s in siblings)
+    level = mine + sum(used.get(s, _NONE)[resource] for s in siblings)
     kept = sum(_keeps(tree, s, used, resource) for s in siblings)
     capacity = _parent_capacity(tree, name, resource, cluster)
     if level + kept > capacity:
@@ -100,29 +103,27 @@ def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector]
 
 def admission_reason(tree: QueueTree, used: Mapping[str, ResourceVector], queue: str, charge: ResourceVector,
                      cluster: ResourceVector) -> str:
-    """"" if `queue` may take `charge` on top of `used` (usage per queue incl. ancestors), else why not."""
+    """"" if `queue` may take `charge` on top of `used` (usage per queue incl. ancestors), else why not.
+
+    Every resource the leaf would then use is checked at every level of its path; a charge raises only
+    the path's usage, so the siblings that the lending rule reads are the same before and after.
+    """
     if queue not in tree.specs or not tree.is_leaf(queue):
         return f"unknown leaf queue {queue!r}"
-    after = dict(used)
-    add_usage(after, tree, queue, charge)
-    return admission_after(tree, after, queue, cluster)
+    held = used.get(queue, _NONE)
+    resources = sorted(r for r in {*held, *charge} if r in tree.constrained or r.startswith(NON_PREEMPTIBLE))
+    for name in tree.paths[queue]:
+        for resource in resources:
+            reason = _level_reason(tree, name, used, resource, cluster, charge[resource])
+            if reason:
+                return reason
+    return ""
 
 
 def admission_after(tree: QueueTree, after: Mapping[str, ResourceVector], queue: str,
                     cluster: ResourceVector) -> str:
     """The admission rules on usage that already includes the new job (every resource in use)."""
-    if queue not in tree.specs or not tree.is_leaf(queue):
-        return f"unknown leaf queue {queue!r}"
-    leaf = after.get(queue, ResourceVector())
-    resources = sorted(r for r in leaf if r in tree.constrained or (
-        r.startswith(NON_PREEMPTIBLE) and r.removeprefix(NON_PREEMPTIBLE) in tree.constrained) or
-        r.startswith(NON_PREEMPTIBLE))
-    for name in tree.paths[queue]:
-        for resource in resources:
-            reason = _level_reason(tree, name, after, resource, cluster)
-            if reason:
-                return reason
-    return ""
+    return admission_reason(tree, after, queue, _NONE, cluster)
 
 
 def minimal_charge(job: JobSpec, tree: QueueTree) -> ResourceVector:
@@ -165,7 +166,7 @@ def fair_shares(tree: QueueTree, used: Mapping[str, ResourceVector], pending: It
         spec = tree.specs[name]
         limit = _holdable(tree, name, GPU_UNITS)
         request = ShareRequest(
-            name=name, request=used.get(name, ResourceVector())[GPU_UNITS] + demand.get(name, 0),
+            name=name, request=used.get(name, _NONE)[GPU_UNITS] + demand.get(name, 0),
             deserved=spec.guaranteed[GPU_UNITS], limit=-1 if limit is None else limit,
             weight=spec.over_quota_weight, priority=spec.priority, created=order[name],
             usage=(history or {}).get(name, Fraction(0)))
