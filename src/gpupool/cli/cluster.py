@@ -9,7 +9,7 @@ import uuid
 import typer
 
 from gpupool.cli.client import ApiError, Client, save_config
-from gpupool.cli.render import console, show
+from gpupool.cli.render import console, error, show
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
                ("gpus", "gpus"), ("tasks", "tasks"), ("attempt", "attempt"), ("submitted", "submitted_at")]
@@ -20,7 +20,7 @@ token_app = typer.Typer(no_args_is_help=True, help="Join tokens for new agents."
 
 
 def fail(exc: ApiError) -> None:
-    console.print(f"[red]error:[/red] {exc.detail}")
+    error(str(exc.detail))
     raise typer.Exit(1 if exc.status else 3)
 
 

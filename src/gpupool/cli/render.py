@@ -7,11 +7,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
 STATE_STYLE = {"running": "green", "pending": "yellow", "scheduled": "cyan", "failed": "red", "succeeded": "blue",
                "cancelled": "dim", "pending_approval": "magenta", "denied": "red"}
+
+
+def error(message: str) -> None:
+    """Print an error on one logical line: never wrapped, so a `file:line: column` stays whole to copy."""
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True, highlight=False)
 
 
 def show(data: Any, as_json: bool, columns: Sequence[tuple[str, str]] | None = None, title: str = "") -> None:

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpupool.cli.render import error
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.traces.errors import TraceError
@@ -90,7 +91,7 @@ def fill(
         summary = run_fill_sweep(nodes, pods, _policies(policy), _seeds(seeds), _demand(demand), out, jobs,
                                  timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet)
     except TraceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
     _print_summary([(out, summary)])
     console.print(f"results: {out / 'results.csv'}\nreport:  {out / 'report.md'}")
@@ -113,7 +114,7 @@ def bound(
         results = [(p, level, lp_bound(node_list, [q.shape for q in read_pods(_existing(p, "--pods"))], level))
                    for p in pods for level in levels]
     except TraceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
     if as_json:
         console.print_json(json.dumps([{"pods": str(p), "demand": str(level), "bound_pct": round(b.pct, 3),
@@ -225,7 +226,7 @@ def replay(
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
                                    shlex.join(["gpupool", *sys.argv[1:]]), quiet)
     except TraceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
     table = Table(title="Replay: waits and allocation, mean over seeds")
     for column in ("trace", "policy", "mean wait s", "p99 wait s", "GAR", "started", "cycle p99 ms", "migrations/h",
@@ -281,7 +282,7 @@ def generate(
     except (TraceError, ValueError) as exc:
         if isinstance(exc, typer.BadParameter):
             raise
-        console.print(f"[red]error:[/red] {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
     console.print(f"wrote {count} jobs to {out}\nnext: {sys.argv[0]} sim replay --nodes {nodes} --pods {out} "
                   f"--queues {queues} --assign column --profile fifo,default --out replay-out")

@@ -14,7 +14,7 @@ import httpx
 import typer
 
 from gpupool.cli.client import save_config
-from gpupool.cli.render import console
+from gpupool.cli.render import console, error
 
 
 def server(data_dir: Path = typer.Option(Path("gpupool-data"), help="where the database and logs live"),
@@ -91,7 +91,7 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
         _banner(url, data_dir, config, fake_gpus)
         _supervise(children)
     except (RuntimeError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc} (see {logs})")
+        error(f"{exc} (see {logs})")
         raise typer.Exit(1) from None
     finally:
         for child in children:
