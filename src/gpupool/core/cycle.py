@@ -147,8 +147,9 @@ class Cycle:
 
     def pending_order(self) -> Iterator[JobSpec]:
         """Pending jobs not yet started, in queue order; a queue's key is recomputed after each of its jobs."""
-        plugin = self.framework.queue_order
-        jobs = sorted((j for j in self.snapshot.pending if j.id not in self.started), key=plugin.job_key)
+        plugin, now = self.framework.queue_order, self.now
+        waiting = (j for j in self.snapshot.pending if j.id not in self.started)
+        jobs = sorted(waiting, key=lambda j: plugin.job_key(j, now))
         if self.tree is None or plugin.queue_key(jobs[0].queue if jobs else "", self._safe_view()) is None:
             yield from jobs
             return

@@ -58,8 +58,9 @@ class DevicePlugin(Plugin):
 
 class QueueOrderPlugin(Plugin):
     @abstractmethod
-    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
-        """Order of pending jobs within a queue (smaller first); ties must end on a stable field, then id."""
+    def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
+        """Order of pending jobs within a queue at time `now` (smaller first); ties must end on a stable field,
+        then id."""
 
     def queue_key(self, queue: str, view: QueueView) -> tuple[Hashable, ...] | None:
         """Which queue's head goes next (smaller first), from the queue's live usage and fair share.

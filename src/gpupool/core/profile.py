@@ -91,15 +91,17 @@ SCHEDULING_PROFILES: dict[str, tuple[str, tuple[str, ...], dict[str, dict[str, A
     "drf": ("drf", ("allocate", "reclaim"), {}),
     "fair-share": ("fair_share", ("allocate", "reclaim", "preempt"), {}),
     # gpupool's recommendation: fair share as an order (Slurm-style), not by eviction: queues below their
-    # fair share go first, and inside a queue jobs go by expected end (submission + estimate); gangs are
-    # protected by EASY reservations (the head job, and any job waiting over two hours) with backfill around
-    # them; best placement. No eviction at all: on the openb 4-queue replay at load 1.2, reclaim threw away
-    # 1,500 GPU-hours of research work (918 evictions) and preemption inside a queue cascaded, and the lost
-    # work more than doubled the mean wait (README, "Tenants in the simulator"). `fair-share` is the profile
-    # that enforces shares by reclaim and preemption.
+    # fair share go first; inside a queue jobs go by expected end (submission + estimate), and a job that has
+    # waited longer than its own estimate goes before every job that has not, whatever their priorities
+    # (`overdue_first`), so higher-priority and shorter jobs pass it only for that long; gangs are protected by
+    # EASY reservations (the first two blocked jobs, and up to two per queue for jobs waiting over two hours)
+    # with backfill around them; best placement. No eviction at all: on the openb 4-queue replay at load 1.2,
+    # reclaim threw away 1,500 GPU-hours of research work (918 evictions) and preemption inside a queue
+    # cascaded, and the lost work more than doubled the mean wait (README, "Tenants in the simulator").
+    # `fair-share` is the profile that enforces shares by reclaim and preemption.
     "default": ("fair_share", ("allocate",),
-                {"allocate": {"backfill": "easy", "max_reservations": 1, "reserve_after_s": 7200.0},
-                 "fair_share": {"job_order": "expected_end"}}),
+                {"allocate": {"backfill": "easy", "max_reservations": 2, "reserve_after_s": 7200.0},
+                 "fair_share": {"job_order": "expected_end", "overdue_first": True}}),
 }
 
 

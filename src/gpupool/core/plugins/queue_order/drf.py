@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class DrfQueueOrder(QueueOrderPlugin):
     name = "drf"
 
-    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
+    def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
         return (-job.priority, job.submitted_at, job.id)
 
     def queue_key(self, queue: str, view: QueueView) -> tuple[Hashable, ...] | None:

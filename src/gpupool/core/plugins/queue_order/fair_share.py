@@ -10,6 +10,12 @@ Inside a queue, higher priority first, then by `job_order`:
   started on arrival. A job is passed only by jobs submitted before its own expected end, and shorter
   jobs go first among those, which lowers the mean wait; a job without an estimate keeps its place
   by submission time.
+
+With `overdue_first`, a job whose expected end has passed while it waits (it has waited longer than its own
+estimate) goes before every job that is not overdue, whatever their priorities, overdue jobs by expected end:
+higher priority and shorter jobs may pass a job only for as long as its own estimate, so no job starves
+behind a stream of them (and each queue's reservations go to its overdue jobs first). Jobs without an
+estimate are never overdue.
 """
 
 from __future__ import annotations
@@ -32,15 +38,20 @@ JOB_ORDERS = ("submitted", "expected_end")
 class FairShareQueueOrder(QueueOrderPlugin):
     name = "fair_share"
 
-    def __init__(self, job_order: str = "submitted") -> None:
+    def __init__(self, job_order: str = "submitted", overdue_first: bool = False) -> None:
         if job_order not in JOB_ORDERS:
             raise ValueError(f"fair_share: job_order must be one of {', '.join(JOB_ORDERS)}")
+        if not isinstance(overdue_first, bool):
+            raise ValueError("fair_share: overdue_first must be true or false")
         self.expected_end = job_order == "expected_end"
+        self.overdue_first = overdue_first
 
-    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
-        if self.expected_end:
-            return (-job.priority, job.submitted_at + (job.estimate_s or 0.0), job.id)
-        return (-job.priority, job.submitted_at, job.id)
+    def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
+        estimate = job.estimate_s
+        at = job.submitted_at + (estimate or 0.0) if self.expected_end else job.submitted_at
+        if self.overdue_first and estimate is not None and now >= job.submitted_at + estimate:
+            return (False, 0, at, job.id)
+        return (True, -job.priority, at, job.id)
 
     def queue_key(self, queue: str, view: QueueView) -> tuple[Hashable, ...] | None:
         used = view.used[GPU_UNITS]

@@ -11,5 +11,5 @@ from gpupool.core.model import JobSpec
 class FifoQueueOrder(QueueOrderPlugin):
     name = "fifo"
 
-    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
+    def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
         return (job.submitted_at, job.id)

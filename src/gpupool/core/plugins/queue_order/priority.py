@@ -11,5 +11,5 @@ from gpupool.core.model import JobSpec
 class PriorityQueueOrder(QueueOrderPlugin):
     name = "priority"
 
-    def job_key(self, job: JobSpec) -> tuple[Hashable, ...]:
+    def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
         return (-job.priority, job.submitted_at, job.id)
