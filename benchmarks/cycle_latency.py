@@ -35,6 +35,9 @@ from gpupool.sim.traces.openb import read_nodes, read_pods
 
 CYCLES = 15
 PENDING = 1000
+#: when the measured cycles run: after every pending job's submission (0..999 s) and before any running task's
+#: expected end (each running task's estimate is drawn from 30 min to 4 h), so reservations plan on real ends
+NOW = 1000.0
 PROFILES = ("fifo", "fair-share", "default")
 
 
@@ -55,14 +58,14 @@ def _filled(openb: Path, queues_file: Path, fill: Fraction = Fraction(9, 10)):
     cluster = SimCluster(nodes, tree)
     workload = Workload.from_shapes(p.shape for p in pods)
     framework = Framework.build(scheduling_profile("fifo").with_workload(workload), default_registry())
-    rng = random.Random(7)
+    rng, estimates = random.Random(7), random.Random(11)
     leaves = tree.leaves
     capacity = cluster.capacity_gpu_milli
     order = tune(pods, capacity, fill, rng)
     jobs = {}
     for k, (task_id, pod) in enumerate(order):
         job = JobSpec(task_id, (TaskSpec(task_id, pod.shape),), queue=leaves[k % len(leaves)],
-                      runtime_estimate_s=3600.0)
+                      runtime_estimate_s=float(estimates.randint(1800, 14_400)))
         jobs[job.id] = job
         result = run_cycle(cluster.snapshot((job,), 0.0), framework, clock=FixedClock(0.0), rng=rng)
         cluster.apply(list(result.decisions), 0.0, jobs)
@@ -94,9 +97,9 @@ def _measure(openb: Path, queues_file: Path, fill: Fraction, label: str) -> dict
         framework = Framework.build(scheduling_profile(name).with_workload(workload), default_registry())
         times = []
         for c in range(CYCLES):
-            snapshot = cluster.snapshot(pending, 7200.0)
+            snapshot = cluster.snapshot(pending, NOW)
             started = time.perf_counter()
-            run_cycle(snapshot, framework, clock=FixedClock(7200.0), rng=random.Random(c))
+            run_cycle(snapshot, framework, clock=FixedClock(NOW), rng=random.Random(c))
             times.append(1000 * (time.perf_counter() - started))
         warm = times[1:]
         results[name] = {"p50_ms": nearest_rank(warm, 50), "p99_ms": nearest_rank(warm, 99),

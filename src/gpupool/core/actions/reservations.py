@@ -72,6 +72,8 @@ class ReservationPlan:
         self.reserve_after_s = reserve_after_s
         self.window_s = window_s
         self.reservations = cycle.reservations
+        #: (planned end, task id, node index) of the snapshot's running tasks, soonest first (sorted once a cycle)
+        self._planned: list[tuple[float, str, int]] | None = None
 
     def blockers(self, job: JobSpec) -> list[Reservation]:
         return blocking(self.reservations, job, self.cycle.now)
@@ -101,8 +103,7 @@ class ReservationPlan:
         copies = [copies_fit(kind, state, shape) if relevant[i] else 0
                   for i, (kind, state) in enumerate(zip(table.kinds, states, strict=True))]
         total = sum(copies)
-        releases = sorted((planned_end(t, now), t.task_id, i) for t in ws.running_tasks()
-                          if relevant[i := table.index[t.node]])
+        releases = self._releases(relevant)
         k, at = 0, now
         while True:
             released: dict[int, list[tuple[TaskShape, tuple[DeviceShare, ...]]]] = {}
@@ -125,6 +126,19 @@ class ReservationPlan:
             if k >= len(releases) or releases[k][0] - now > self.window_s:
                 return None
             at = releases[k][0]
+
+    def _releases(self, relevant: list[bool]) -> list[tuple[float, str, int]]:
+        """(planned end, task id, node index) of every task running now on a relevant node, soonest first: the
+        snapshot's tasks sorted once per cycle, merged with the tasks this cycle placed or moved."""
+        ws, now, index = self.cycle.workspace, self.cycle.now, self.cycle.workspace.table.index
+        if self._planned is None:
+            running = ws.snapshot.running.values()
+            self._planned = sorted((planned_end(t, now), t.task_id, index[t.node]) for t in running)
+        overlay = ws.overlay
+        kept = [r for r in self._planned if relevant[r[2]] and r[1] not in overlay]
+        fresh = [(planned_end(t, now), t.task_id, i) for t in overlay.values()
+                 if t is not None and relevant[i := index[t.node]]]
+        return sorted(kept + fresh) if fresh else kept  # two sorted runs: one linear merge
 
     def _held(self, start: float, end: float) -> set[int]:
         return {i for r in self.reservations if r.start < end and start < r.end for i in r.nodes}
