@@ -76,3 +76,20 @@ def test_evicting_actions_keep_off_reserved_nodes():
                        clock=FixedClock(NOW), rng=random.Random(0))
     assert "from t=1400" in result.pending["gang"].message
     assert result.decisions == () and "urgent" in result.pending
+
+
+def test_a_task_started_in_the_same_cycle_delays_a_later_reservation_to_its_planned_end():
+    # n1 has 2 GPUs, one busy until NOW+100; "small" takes the other now (estimate 1000 s), so the gang behind it
+    # can hold the node only from NOW+1000, not from NOW+100 (the tasks started this cycle count too)
+    table = table_of(make_node("n1", gpus=2))
+    running = {}
+    task = run_on(table, running, "n1", "k/0", ONE)
+    running["k/0"] = replace(task, expected_end=NOW + 100)
+    small = make_job("small", ONE, submitted_at=0, runtime_estimate_s=1000)
+    gang = make_job("gang", TWO, submitted_at=1, runtime_estimate_s=50)
+    profile = scheduling_profile("fifo", "bestfit").with_args("allocate", backfill="easy")
+    result = run_cycle(ClusterSnapshot(table, (small, gang), running), Framework.build(profile, default_registry()),
+                       clock=FixedClock(NOW), rng=random.Random(0))
+    assert [d.job_id for d in result.decisions] == ["small"]
+    reason = result.pending["gang"]
+    assert reason.kind is PendingKind.BACKFILL_WINDOW and "from t=2000" in reason.message
