@@ -1,4 +1,5 @@
-"""The placement engine's cached scores always equal a fresh evaluation (Hypothesis)."""
+"""The placement engine's cached scores always equal a fresh evaluation (Hypothesis), and the node table's
+keys name (kind, state) pairs exactly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core import Framework, Workload, default_registry, placement_profile
+from gpupool.core import nodes
 from gpupool.core.fit import node_fits
+from gpupool.core.model import DeviceShare
 from gpupool.core.placement import FEASIBLE_MIN
 from gpupool.core.testing.builders import make_node, make_shape, table_of
 
@@ -18,13 +21,21 @@ SHAPES = [make_shape(250, cpu_milli=2000), make_shape(1000), make_shape(1000, gp
 
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["fgd", "best", "bestfit", "gpupacking", "gpuclustering", "dotprod", "spread"]),
-       st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=40), st.integers(0, 10_000))
+       st.lists(st.integers(-2, len(SHAPES) - 1), min_size=1, max_size=40), st.integers(0, 10_000))
 def test_cached_scores_match_fresh_evaluation(policy, arrivals, seed):
+    """Arrivals place a shape; a negative entry removes the oldest placed task instead, so nodes return to
+    states seen before (the cache's hits) as well as reaching new ones."""
     table = table_of(*[make_node(f"n{i}", gpus=g, cpu_milli=16_000 * g) for i, g in enumerate([1, 2, 4, 8, 8])])
     prof = placement_profile(policy).with_workload(Workload.from_shapes(SHAPES))
     placer = Framework.build(prof, default_registry()).placer
     rng = random.Random(seed)
+    placed = []
     for k in arrivals:
+        if k < 0:
+            if placed:
+                i, shape, shares = placed.pop(0)
+                table.set_state(i, table.states[i].give(shape, shares))
+            continue
         shape = SHAPES[k]
         scores = placer.scores(table, shape)
         for i, (kind, state) in enumerate(zip(table.kinds, table.states, strict=True)):
@@ -33,4 +44,28 @@ def test_cached_scores_match_fresh_evaluation(policy, arrivals, seed):
             assert (scores[i] >= FEASIBLE_MIN) == (node_fits(kind, state, shape) == "")
         i = placer.choose(table, shape, rng)
         if i is not None:
-            table.set_state(i, table.states[i].take(shape, placer.pick(table, i, shape, rng)))
+            shares = placer.pick(table, i, shape, rng)
+            table.set_state(i, table.states[i].take(shape, shares))
+            placed.append((i, shape, shares))
+
+
+def test_node_keys_name_kind_and_state(monkeypatch):
+    """Equal (kind, state) pairs share a key, different pairs never do, and after the table forgets its keys a
+    pair gets a new one, never one that named another pair."""
+    table = table_of(make_node("a", gpus=2), make_node("b", gpus=2), make_node("c", gpus=4))
+    assert table.keys[0] == table.keys[1] != table.keys[2]
+    empty = table.keys[0]
+    table.set_state(0, table.states[0].take(WHOLE, FIRST_GPU))
+    assert table.keys[0] != table.keys[1]
+    table.set_state(1, table.states[1].take(WHOLE, FIRST_GPU))
+    assert table.keys[0] == table.keys[1]
+    monkeypatch.setattr(nodes, "_KEY_LIMIT", 1)
+    seen = set(table.keys) | {empty}
+    table.set_state(2, table.states[2].take(WHOLE, FIRST_GPU))  # a new pair: the table forgets the others
+    table.set_state(0, table.states[0].give(WHOLE, FIRST_GPU))  # known before, so now a new key
+    assert table.keys[0] not in seen and table.keys[2] not in seen
+    assert len(set(table.keys)) == 3
+
+
+WHOLE = make_shape(1000)
+FIRST_GPU = (DeviceShare(0, 1000),)

@@ -144,11 +144,19 @@ def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) 
     return tuple(sorted((k, v) for k, v in counts.items() if v))
 
 
+#: distinct (kind, state) pairs a table remembers before it starts again (ids keep counting up)
+_KEY_LIMIT = 1_000_000
+
+
 class NodeTable:
     """The free state of every node, indexed by name order, with a change log.
 
     Only `set_state` changes a state, and it logs the index. Values derived from one node's
     (kind, state) may be cached by readers keyed on `seq`; see the module docstring.
+
+    `keys[i]` is an int naming node i's (kind, state): nodes with equal keys are interchangeable, so a
+    reader may cache a per-node value under the key (an int hashes and compares far faster than the pair).
+    A key is never given to another pair; a pair may get a new key after the table forgets old ones.
     """
 
     def __init__(self, specs: Iterable[NodeSpec]) -> None:
@@ -161,6 +169,9 @@ class NodeTable:
         interned: dict[NodeKind, NodeKind] = {}
         self.kinds: tuple[NodeKind, ...] = tuple(interned.setdefault(NodeKind.of(s), NodeKind.of(s)) for s in ordered)
         self.states: list[NodeState] = [NodeState.empty(k) for k in self.kinds]
+        self._key_ids: dict[tuple[NodeKind, NodeState], int] = {}
+        self._next_key = 0
+        self.keys: list[int] = [self._key(k, s) for k, s in zip(self.kinds, self.states)]
         self.derived: dict[object, object] = {}
         #: bumped whenever a node becomes schedulable or unschedulable
         self.schedulable_version = 0
@@ -179,11 +190,22 @@ class NodeTable:
         if state.schedulable != self.states[i].schedulable:
             self.schedulable_version += 1
         self.states[i] = state
+        self.keys[i] = self._key(self.kinds[i], state)
         self._log.append(i)
         if len(self._log) > 8 * len(self.names) + 4096:
             drop = len(self._log) // 2
             del self._log[:drop]
             self._log_start += drop
+
+    def _key(self, kind: NodeKind, state: NodeState) -> int:
+        pair = (kind, state)
+        key = self._key_ids.get(pair)
+        if key is None:
+            if len(self._key_ids) >= _KEY_LIMIT:
+                self._key_ids.clear()
+            key = self._key_ids[pair] = self._next_key
+            self._next_key += 1
+        return key
 
     def changed_since(self, seq: int) -> set[int] | None:
         """Indices changed after log position `seq`; None if that position was compacted away."""

@@ -2,7 +2,8 @@
 
 Filters and scores are pure functions of (node kind, node state, shape), so the engine
 
-1. memoises each (kind, state, shape) evaluation: equal nodes are evaluated once;
+1. memoises each (kind, state, shape) evaluation: equal nodes are evaluated once; per table and shape,
+   the memo is keyed by the table's int key of (kind, state), which is what keeps a cache hit cheap;
 2. keeps, per shape, an int64 array with every node's combined score (`INFEASIBLE` where a filter
    rejects), and after a change re-evaluates only the nodes in the table's change log since the
    array was last brought up to date;
@@ -32,13 +33,15 @@ TieBreak = Literal["name", "random"]
 #: the rejection reason of nodes a caller excludes (held by reservations)
 RESERVED = "node reserved for another job"
 _MEMO_LIMIT = 2_000_000
+_SHAPE_MEMO_LIMIT = 200_000
 
 
 class _ShapeScores:
-    __slots__ = ("scores", "seen", "explained", "explained_at")
+    __slots__ = ("scores", "by_key", "seen", "explained", "explained_at")
 
     def __init__(self, n: int) -> None:
         self.scores = np.full(n, INFEASIBLE, dtype=np.int64)
+        self.by_key: dict[int, int] = {}  # the table's node key -> score
         self.seen = -1
         self.explained: list[tuple[str, int]] = []
         self.explained_at = -1
@@ -104,9 +107,14 @@ class Placer:
             entry = caches[shape] = _ShapeScores(len(table))
         dirty = table.changed_since(entry.seen) if entry.seen >= 0 else None
         indices = range(len(table)) if dirty is None else dirty
-        kinds, states, out, evaluate = table.kinds, table.states, entry.scores, self.evaluate
+        if len(entry.by_key) >= _SHAPE_MEMO_LIMIT:
+            entry.by_key.clear()
+        keys, by_key, out = table.keys, entry.by_key, entry.scores
         for i in indices:
-            out[i] = evaluate(kinds[i], states[i], shape)
+            value = by_key.get(keys[i])
+            if value is None:
+                value = by_key[keys[i]] = self.evaluate(table.kinds[i], table.states[i], shape)
+            out[i] = value
         entry.seen = table.seq
         return entry
 
