@@ -8,8 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core import Framework, Workload, default_registry, placement_profile
-from gpupool.core import nodes
+from gpupool.core import Framework, Workload, default_registry, nodes, placement_profile
 from gpupool.core.fit import node_fits
 from gpupool.core.model import DeviceShare
 from gpupool.core.placement import FEASIBLE_MIN

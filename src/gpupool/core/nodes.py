@@ -171,7 +171,7 @@ class NodeTable:
         self.states: list[NodeState] = [NodeState.empty(k) for k in self.kinds]
         self._key_ids: dict[tuple[NodeKind, NodeState], int] = {}
         self._next_key = 0
-        self.keys: list[int] = [self._key(k, s) for k, s in zip(self.kinds, self.states)]
+        self.keys: list[int] = [self._key(k, s) for k, s in zip(self.kinds, self.states, strict=True)]
         self.derived: dict[object, object] = {}
         #: bumped whenever a node becomes schedulable or unschedulable
         self.schedulable_version = 0
