@@ -31,20 +31,24 @@ class AllocateAction(Action):
     name = "allocate"
 
     def __init__(self, backfill: str = "none", max_reservations: int = 1, reserve_after_s: float | None = None,
-                 window_s: float = 7 * DAY_S) -> None:
+                 window_s: float = 7 * DAY_S, share_guard: bool = False) -> None:
         if backfill not in BACKFILL_MODES:
             raise ValueError(f"allocate: backfill must be one of {', '.join(BACKFILL_MODES)}")
         if max_reservations < 0 or window_s <= 0:
             raise ValueError("allocate: max_reservations must be >= 0 and window_s > 0")
+        if not isinstance(share_guard, bool):
+            raise ValueError("allocate: share_guard must be true or false")
         self.backfill = backfill
         self.max_reservations = max_reservations
         self.reserve_after_s = reserve_after_s
         self.window_s = window_s
+        self.share_guard = share_guard
 
     def execute(self, cycle: Cycle) -> None:
         plan = None
         if self.backfill != "none" or self.reserve_after_s is not None:
-            plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
+            plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s,
+                                   self.share_guard)
         failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]] = {}
         for job in cycle.pending_order():
             blockers = plan.blockers(job) if plan else []
@@ -52,7 +56,7 @@ class AllocateAction(Action):
             if reason is None:
                 continue
             cycle.block(job, reason)
-            if plan is not None and reason.kind is PendingKind.NO_NODE_FITS and plan.qualifies(job):
+            if plan is not None and plan.qualifies(job, reason.kind):
                 reservation = plan.reserve(job)
                 if reservation is not None:
                     cycle.block(job, _waiting_for(reservation, cycle.now))
