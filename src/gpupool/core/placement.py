@@ -141,16 +141,21 @@ class Placer:
 
     def explain(self, table: NodeTable, shape: TaskShape,
                 excluded: frozenset[int] = frozenset()) -> list[tuple[str, int]]:
-        """Why nodes reject `shape`: (reason, node count) pairs, most common first (kept until the table
-        changes: many pending jobs of one shape ask in a row). Nodes in `excluded` count as reserved."""
-        if excluded:
-            scores = self._current(table, shape).scores.copy()
-            scores[list(excluded)] = INFEASIBLE + self._reason_id(RESERVED)
-            return _reasons(scores, self._reasons)
+        """Why nodes reject `shape`: (reason, node count) pairs, most common first, then by reason (kept until the
+        table changes: many pending jobs of one shape ask in a row). Nodes in `excluded` count as reserved."""
         entry = self._current(table, shape)
         if entry.explained_at != table.seq:
             entry.explained, entry.explained_at = _reasons(entry.scores, self._reasons), table.seq
-        return list(entry.explained)
+        if not excluded:
+            return list(entry.explained)
+        counts = dict(entry.explained)
+        for i in excluded:  # an excluded node counts as reserved instead of for its own reason, if it had one
+            score = int(entry.scores[i])
+            if score < FEASIBLE_MIN:
+                reason = self._reasons[score - INFEASIBLE]
+                counts[reason] -= 1
+        counts[RESERVED] = counts.get(RESERVED, 0) + len(excluded)
+        return sorted(((r, n) for r, n in counts.items() if n), key=lambda kv: (-kv[1], kv[0]))
 
 
 def _reasons(scores: np.ndarray, names: list[str]) -> list[tuple[str, int]]:

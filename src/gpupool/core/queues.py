@@ -84,6 +84,10 @@ class QueueTree:
             current = self.specs[current].parent
         return tuple(path)
 
+    def checks(self, resource: str) -> bool:
+        """Do the admission rules read `resource` (some queue constrains it, or it counts non-preemptible use)?"""
+        return resource in self.constrained or resource.startswith(NON_PREEMPTIBLE)
+
     def is_leaf(self, name: str) -> bool:
         return name in self.specs and not self.children.get(name)
 

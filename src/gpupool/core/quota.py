@@ -111,7 +111,7 @@ def admission_reason(tree: QueueTree, used: Mapping[str, ResourceVector], queue:
     if queue not in tree.specs or not tree.is_leaf(queue):
         return f"unknown leaf queue {queue!r}"
     held = used.get(queue, _NONE)
-    resources = sorted(r for r in {*held, *charge} if r in tree.constrained or r.startswith(NON_PREEMPTIBLE))
+    resources = sorted(r for r in {*held, *charge} if tree.checks(r))
     for name in tree.paths[queue]:
         for resource in resources:
             reason = _level_reason(tree, name, used, resource, cluster, charge[resource])

@@ -41,6 +41,8 @@ class Workspace:
         self._snapshot_jobs: dict[str, list[str]] | None = None  # job id -> its task ids running at the start
         #: resources in use per queue (leaf and ancestors), kept in step with every change
         self.usage: dict[str, ResourceVector] = {}
+        #: bumped by every change to `usage` (undone ones too): equal values mean equal usage
+        self.usage_seq = 0
         if self.tree is not None and snapshot.queue_usage is not None:
             self.usage = dict(snapshot.queue_usage)
         elif self.tree is not None:
@@ -60,6 +62,7 @@ class Workspace:
             return
         for name in self.tree.paths[task.queue]:
             self.journal.append((_USAGE, name, self.usage.get(name, _ABSENT)))
+        self.usage_seq += 1
         add_usage(self.usage, self.tree, task.queue, self.charge_of(task), sign)
 
     def running(self, task_id: str) -> RunningTask | None:
@@ -99,6 +102,7 @@ class Workspace:
                 assert isinstance(key, int) and isinstance(old, NodeState)
                 self.table.set_state(key, old)
             elif kind == _USAGE:
+                self.usage_seq += 1
                 if old is _ABSENT:
                     del self.usage[str(key)]
                 else:

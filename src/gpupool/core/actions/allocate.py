@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
 
 BACKFILL_MODES = ("none", "easy", "conservative")
+#: per (shape, fence): the table position where no node took the shape, and why (None until asked)
+Failed = dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]] | None]]
 DAY_S = 86_400.0
 
 
@@ -49,7 +51,7 @@ class AllocateAction(Action):
         if self.backfill != "none" or self.reserve_after_s is not None:
             plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s,
                                    self.share_guard)
-        failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]] = {}
+        failed: Failed = {}
         for job in cycle.pending_order():
             blockers = plan.blockers(job) if plan else []
             reason = _try(cycle, job, blockers, failed)
@@ -62,8 +64,7 @@ class AllocateAction(Action):
                     cycle.block(job, _waiting_for(reservation, cycle.now))
 
 
-def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation],
-         failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]]) -> PendingReason | None:
+def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed) -> PendingReason | None:
     """Start `job` now if it fits off the blocking reservations and under quota; else why not."""
     precheck = cycle.quota_precheck(job)
     if precheck:
@@ -85,10 +86,9 @@ def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation],
     return reason
 
 
-def _fits_unfenced(cycle: Cycle, job: JobSpec,
-                   failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]]) -> bool:
+def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
     with cycle.statement() as stmt:
-        return place_gang(cycle, job, stmt, failed) is None
+        return _place_tasks(cycle, job, stmt, failed, frozenset()) is None
 
 
 def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
@@ -97,15 +97,30 @@ def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
                          f"t={reservation.start:.0f} ({reservation.start - now:.0f} s from now)")
 
 
-def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement,
-               failed: dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]]]],
+def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
                fenced: frozenset[int] = frozenset()) -> PendingReason | None:
     """Place `job`'s tasks in `stmt` off the `fenced` nodes; None when at least `min_tasks` are placed, else
     the reason.
 
-    `failed` remembers, per (shape, fence), the table position where no node fitted and why, to skip identical
-    retries.
+    `failed` remembers, per (shape, fence), the table position where no node fitted (and why, once asked), to
+    skip identical retries.
     """
+    stuck = _place_tasks(cycle, job, stmt, failed, fenced)
+    if stuck is None:
+        return None
+    k, shape = stuck
+    table = cycle.workspace.table
+    seq, why = failed[(shape, fenced)]
+    if why is None:
+        why = cycle.framework.placer.explain(table, shape, fenced)
+        failed[(shape, fenced)] = (seq, why)
+    return no_node_fits(len(table), why, k, len(job.tasks))
+
+
+def _place_tasks(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
+                 fenced: frozenset[int]) -> tuple[int, TaskShape] | None:
+    """None when at least `min_tasks` of the job's tasks are placed, else (index, shape) of the first task that
+    no node takes."""
     placer, table = cycle.framework.placer, cycle.workspace.table
     for k, task in enumerate(job.tasks):
         key = (task.shape, fenced)
@@ -115,6 +130,6 @@ def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement,
             if i is not None:
                 stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
                 continue
-            known = failed[key] = (table.seq, placer.explain(table, task.shape, fenced))
-        return None if k >= job.min_tasks else no_node_fits(len(table), known[1], k, len(job.tasks))
+            failed[key] = (table.seq, None)
+        return None if k >= job.min_tasks else (k, task.shape)
     return None
