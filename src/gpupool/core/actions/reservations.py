@@ -22,13 +22,14 @@ would starve for as long as such tasks keep landing there.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpupool.core.diagnostics import PendingKind
 from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits, without
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
-from gpupool.core.nodes import NodeKind, NodeState
+from gpupool.core.nodes import NodeKind, NodeState, NodeTable
 from gpupool.core.snapshot import RunningTask
 
 #: the least a task of unknown length is planned to run on
@@ -124,8 +125,7 @@ class ReservationPlan:
         states = list(table.states)
         shape = job.tasks[0].shape
         relevant = _relevant_nodes(table.kinds, job)
-        copies = [copies_fit(kind, state, shape) if relevant[i] else 0
-                  for i, (kind, state) in enumerate(zip(table.kinds, states, strict=True))]
+        copies = _copies(table, relevant, shape)
         total = sum(copies)
         releases = self._releases(relevant)
         k, at = 0, now
@@ -142,7 +142,7 @@ class ReservationPlan:
                 total += fresh - copies[i]
                 copies[i] = fresh
             if total >= job.min_tasks:
-                nodes = self._fit(job, states, self._held(at, at + estimate))
+                nodes = self._fit(job, states, copies, self._held(at, at + estimate))
                 if nodes is not None:
                     reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate, guarded)
                     self.reservations.append(reservation)
@@ -167,19 +167,42 @@ class ReservationPlan:
     def _held(self, start: float, end: float) -> set[int]:
         return {i for r in self.reservations if r.start < end and start < r.end for i in r.nodes}
 
-    def _fit(self, job: JobSpec, states: list[NodeState], held: set[int]) -> list[int] | None:
-        """Nodes taking the job's mandatory tasks (first fit in name order) on the scratch states."""
+    def _fit(self, job: JobSpec, states: list[NodeState], copies: list[int], held: set[int]) -> list[int] | None:
+        """Nodes taking the job's mandatory tasks (first fit in name order) on the scratch states; `copies` counts
+        the copies of the first task's shape each state could take (when every mandatory task has that shape, only
+        nodes with copies can take one)."""
         table = self.cycle.workspace.table
+        mandatory = job.tasks[: job.min_tasks]
+        if all(task.shape == mandatory[0].shape for task in mandatory):
+            candidates: Sequence[int] = [i for i, c in enumerate(copies) if c]
+        else:
+            candidates = range(len(table))
         scratch: dict[int, NodeState] = {}
         chosen: list[int] = []
-        for task in job.tasks[: job.min_tasks]:
-            i = _first_fit(table.kinds, states, scratch, held, task.shape)
+        for task in mandatory:
+            i = _first_fit(table.kinds, states, candidates, scratch, held, task.shape)
             if i is None:
                 return None
             state = scratch.get(i, states[i].with_schedulable(True))
             scratch[i] = state.take(task.shape, _any_shares(state, task.shape))
             chosen.append(i)
         return chosen
+
+
+def _copies(table: NodeTable, relevant: list[bool], shape: TaskShape) -> list[int]:
+    """Per node: how many copies of `shape` its current state could take (0 on nodes not relevant); equal
+    (kind, state) pairs, which share a table key, are counted once."""
+    by_key: dict[int, int] = {}
+    copies = []
+    for i, key in enumerate(table.keys):
+        if not relevant[i]:
+            copies.append(0)
+            continue
+        count = by_key.get(key)
+        if count is None:
+            count = by_key[key] = copies_fit(table.kinds[i], table.states[i], shape)
+        copies.append(count)
+    return copies
 
 
 def _relevant_nodes(kinds: tuple[NodeKind, ...], job: JobSpec) -> list[bool]:
@@ -197,12 +220,12 @@ def planned_end(task: RunningTask, now: float) -> float:
     return now + max(MIN_UNKNOWN_REMAINING_S, now - task.started_at)
 
 
-def _first_fit(kinds: tuple[NodeKind, ...], states: list[NodeState], scratch: dict[int, NodeState], held: set[int],
-               shape: TaskShape) -> int | None:
-    for i, kind in enumerate(kinds):
+def _first_fit(kinds: tuple[NodeKind, ...], states: list[NodeState], candidates: Sequence[int],
+               scratch: dict[int, NodeState], held: set[int], shape: TaskShape) -> int | None:
+    for i in candidates:
         if i in held or not states[i].schedulable:
             continue
-        if not node_fits(kind, scratch.get(i, states[i]), shape):
+        if not node_fits(kinds[i], scratch.get(i, states[i]), shape):
             return i
     return None
 
