@@ -65,6 +65,8 @@ class QueueTree:
         for names in self.children.values():
             names.sort()
         self.paths = {name: self._path(name) for name in self.specs}
+        #: values readers derive from the tree alone, cached under a key of their own (the tree never changes)
+        self.derived: dict[object, object] = {}
         #: resources some queue sets a guarantee, limit, borrow or lend limit for; others need no checks
         self.constrained = frozenset(r for s in self.specs.values() for v in
                                      (s.guaranteed, s.limit, s.borrow_limit, s.lend_limit) if v for r in v)

@@ -18,6 +18,7 @@ guarantee plus what it may borrow, capped by its limit.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 
 from gpupool.core.division import QueueNode, ShareRequest, divide_tree
@@ -43,15 +44,6 @@ def _cap(vector: ResourceVector | None, resource: str) -> int | None:
     return vector[resource]
 
 
-def _keeps(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str) -> int:
-    """What queue `name` keeps for itself: its unused guarantee that it does not lend."""
-    spec = tree.specs[name]
-    guaranteed = spec.guaranteed[resource]
-    lend = _cap(spec.lend_limit, resource)
-    unused = max(0, guaranteed - used.get(name, _NONE)[resource])
-    return max(0, unused - lend) if lend is not None else 0
-
-
 def _holdable(tree: QueueTree, name: str, resource: str) -> int | None:
     """The most queue `name` may ever hold of `resource` (limit, guarantee + borrow limit); None = no cap."""
     spec = tree.specs[name]
@@ -62,42 +54,77 @@ def _holdable(tree: QueueTree, name: str, resource: str) -> int | None:
     return min((c for c in caps if c is not None), default=None)
 
 
-def _parent_capacity(tree: QueueTree, name: str, resource: str, cluster: ResourceVector) -> int:
-    parent = tree.specs[name].parent
-    if parent is None:
-        return cluster[resource]
-    spec = tree.specs[parent]
-    borrow = _cap(spec.borrow_limit, resource)
-    cap = cluster[resource] if borrow is None else spec.guaranteed[resource] + borrow
-    limit = _cap(spec.limit, resource)
-    return cap if limit is None else min(cap, limit)
+@dataclass(frozen=True, slots=True)
+class _LevelRule:
+    """What the rules read of queue `name`'s spec and its siblings' for one resource (None = no cap)."""
+
+    name: str
+    guaranteed: int
+    limit: int | None
+    borrow: int | None
+    #: (sibling, its guarantee, its lend limit): what the lending rule reads of each sibling
+    siblings: tuple[tuple[str, int, int | None], ...]
+    #: the parent's capacity for its children: None = the cluster's, else capped by `parent_limit`
+    parent_capacity: int | None
+    parent_limit: int | None
+    parent: str
+
+    @classmethod
+    def of(cls, tree: QueueTree, name: str, resource: str) -> _LevelRule:
+        spec = tree.specs[name]
+        siblings = tuple((s, tree.specs[s].guaranteed[resource], _cap(tree.specs[s].lend_limit, resource))
+                         for s in tree.siblings(name))
+        capacity = limit = None
+        if spec.parent is not None:
+            parent = tree.specs[spec.parent]
+            borrow = _cap(parent.borrow_limit, resource)
+            capacity = None if borrow is None else parent.guaranteed[resource] + borrow
+            limit = _cap(parent.limit, resource)
+        return cls(name, spec.guaranteed[resource], _cap(spec.limit, resource), _cap(spec.borrow_limit, resource),
+                   siblings, capacity, limit, spec.parent or "the cluster")
+
+    def capacity(self, cluster: ResourceVector, resource: str) -> int:
+        """The parent's capacity for its children: the cluster's at the root, else the parent's guarantee plus
+        what it may borrow, capped by its limit."""
+        capacity = cluster[resource] if self.parent_capacity is None else self.parent_capacity
+        return capacity if self.parent_limit is None else min(capacity, self.parent_limit)
+
+
+def _rule(tree: QueueTree, name: str, resource: str) -> _LevelRule:
+    key = (_LevelRule, name, resource)
+    rule = tree.derived.get(key)
+    if rule is None:
+        rule = tree.derived[key] = _LevelRule.of(tree, name, resource)
+    assert isinstance(rule, _LevelRule)
+    return rule
 
 
 def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
                   cluster: ResourceVector, extra: int) -> str:
     """The first rule queue `name` breaks in `resource` if it held `extra` more (its siblings unchanged)."""
-    spec = tree.specs[name]
     mine = used.get(name, _NONE)[resource] + extra
     if resource.startswith(NON_PREEMPTIBLE):
         base = resource.removeprefix(NON_PREEMPTIBLE)
-        if mine > spec.guaranteed[base]:
+        if mine > tree.specs[name].guaranteed[base]:
             return f"queue {name}: non-preemptible jobs must fit within the guaranteed {base}"
         return ""
-    limit = _cap(spec.limit, resource)
-    if limit is not None and mine > limit:
-        return f"queue {name} would exceed its {resource} limit ({mine} > {limit})"
-    over = mine - spec.guaranteed[resource]
-    borrow = _cap(spec.borrow_limit, resource)
-    if borrow is not None and over > borrow:
-        return f"queue {name} would borrow {over} {resource}, more than its borrow limit {borrow}"
-    siblings = tree.siblings(name)
-    level = mine + sum(used.get(s, _NONE)[resource] for s in siblings)
-    kept = sum(_keeps(tree, s, used, resource) for s in siblings)
-    capacity = _parent_capacity(tree, name, resource, cluster)
+    rule = _rule(tree, name, resource)
+    if rule.limit is not None and mine > rule.limit:
+        return f"queue {name} would exceed its {resource} limit ({mine} > {rule.limit})"
+    over = mine - rule.guaranteed
+    if rule.borrow is not None and over > rule.borrow:
+        return f"queue {name} would borrow {over} {resource}, more than its borrow limit {rule.borrow}"
+    level, kept = mine, 0
+    for sibling, guaranteed, lend in rule.siblings:
+        theirs = used.get(sibling, _NONE)[resource]
+        level += theirs
+        if lend is not None:  # a sibling keeps the unused guarantee it does not lend
+            kept += max(0, max(0, guaranteed - theirs) - lend)
+    capacity = rule.capacity(cluster, resource)
     if level + kept > capacity:
-        parent = spec.parent or "the cluster"
         kept_note = f" while its siblings keep {kept} they do not lend" if kept else ""
-        return f"queue {name}: {parent} has {capacity} {resource} for its children, they would use {level}{kept_note}"
+        return (f"queue {name}: {rule.parent} has {capacity} {resource} for its children, they would use "
+                f"{level}{kept_note}")
     return ""
 
 
