@@ -101,6 +101,7 @@ class Cycle:
         self.reservations: list[Reservation] = []
         self._quota_failures: dict[str, list[tuple[ResourceVector, str]]] = {}
         self._quota_passes: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
+        self._queue_keys: dict[str, tuple[int, tuple[Hashable, ...]]] = {}
         if self.tree is not None:
             self.fair_shares = fair_shares(self.tree, self.workspace.usage, snapshot.pending,
                                            self.capacity[GPU_UNITS], snapshot.usage_history)
@@ -185,10 +186,14 @@ class Cycle:
                 heapq.heappush(heap, (self._key(queue), queue))
 
     def _key(self, queue: str) -> tuple[Hashable, ...]:
+        """The queue's place in the order; a queue's view changes only with usage, so the key is kept until then."""
         if self.tree is None or queue not in self.tree.specs:
             return (True, queue)  # unknown queues last; their jobs are rejected by quota
-        key = self.framework.queue_order.queue_key(queue, self.view(queue))
-        return (False, *(key or ()))
+        seq, key = self._queue_keys.get(queue, (-1, ()))
+        if seq != self.workspace.usage_seq:
+            key = (False, *(self.framework.queue_order.queue_key(queue, self.view(queue)) or ()))
+            self._queue_keys[queue] = (self.workspace.usage_seq, key)
+        return key
 
     def _safe_view(self) -> QueueView:
         return QueueView(ResourceVector(), 0, self.capacity, 1, 0)

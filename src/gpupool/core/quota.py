@@ -185,8 +185,9 @@ def fair_shares(tree: QueueTree, used: Mapping[str, ResourceVector], pending: It
     demand: dict[str, int] = {}
     for job in pending:
         if job.queue in tree.paths:
+            units = demand_units(job, tree)
             for name in tree.paths[job.queue]:
-                demand[name] = demand.get(name, 0) + demand_units(job, tree)
+                demand[name] = demand.get(name, 0) + units
     order = {name: i for i, name in enumerate(sorted(tree.specs))}
 
     def node(name: str) -> QueueNode:
