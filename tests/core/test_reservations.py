@@ -147,29 +147,3 @@ def test_without_the_share_guard_an_over_quota_gang_gets_no_reservation():
 def test_a_share_guard_that_is_not_a_boolean_is_refused():
     with pytest.raises(ValueError, match="share_guard"):
         AllocateAction(share_guard="yes")
-
-
-def _sticky_cycle(n1_end, n2_end, reserved):
-    """Two 2-GPU nodes with one GPU busy on each, until `n1_end` and `n2_end`; a 2-GPU job waits for a whole node.
-    `reserved` is what the previous cycle held."""
-    table = table_of(make_node("n1", gpus=2), make_node("n2", gpus=2))
-    running = {}
-    for node, end in (("n1", n1_end), ("n2", n2_end)):
-        task = run_on(table, running, node, f"{node}-task/0", ONE)
-        running[f"{node}-task/0"] = replace(task, expected_end=end)
-    profile = scheduling_profile("fifo", "bestfit").with_args("allocate", backfill="easy")
-    snapshot = ClusterSnapshot(table, (make_job("gang", TWO, runtime_estimate_s=50),), running, reserved=reserved)
-    return run_cycle(snapshot, Framework.build(profile, default_registry()), clock=FixedClock(NOW),
-                     rng=random.Random(0))
-
-
-@pytest.mark.parametrize(("n1_end", "reserved", "want_node", "want_start"), [
-    (NOW + 300, {}, "n2", NOW + 200),                   # no history: the earliest node
-    (NOW + 300, {"gang": ("n1",)}, "n1", NOW + 300),    # held n1 last cycle: keeps it (300 s <= 2 x 200 s + 60 s)
-    (NOW + 1000, {"gang": ("n1",)}, "n2", NOW + 200),   # n2 more than halves the wait: it moves
-    (NOW + 300, {"other": ("n1",)}, "n2", NOW + 200),   # another job's nodes mean nothing to this one
-], ids=["fresh", "kept", "moved", "other job"])
-def test_a_job_keeps_the_nodes_it_held_unless_others_halve_its_wait(n1_end, reserved, want_node, want_start):
-    result = _sticky_cycle(n1_end, NOW + 200, reserved)
-    assert result.reservations == {"gang": (want_node,)}
-    assert f"from t={want_start:.0f}" in result.pending["gang"].message

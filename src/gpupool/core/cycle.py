@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpupool.core.clock import Clock
@@ -36,8 +36,6 @@ class CycleResult:
     pending: Mapping[str, PendingReason]
     #: GPU-unit fair share per queue this cycle (empty without queues)
     fair_shares: Mapping[str, int]
-    #: the nodes (by name) each job holds a reservation on; the driver passes them to the next snapshot
-    reservations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +210,4 @@ def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,
         # 2. Hand the snapshot back exactly as received; the caller applies the decisions.
         cycle.workspace.restore()
     # 3. Decisions out, plus a reason for every job still pending.
-    names = snapshot.nodes.names
-    held = {r.job_id: tuple(sorted(names[i] for i in r.nodes)) for r in cycle.reservations if r.job_id in cycle.pending}
-    return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares), held)
+    return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares))

@@ -57,5 +57,3 @@ class ClusterSnapshot:
     usage_history: Mapping[str, Fraction] = field(default_factory=lambda: MappingProxyType({}))
     #: resources in use per queue (leaf and ancestors) as the driver keeps them; None = derive from `running`
     queue_usage: Mapping[str, ResourceVector] | None = None
-    #: the nodes each job held a reservation on in the driver's previous cycle (`CycleResult.reservations`)
-    reserved: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))

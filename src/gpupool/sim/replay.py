@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from gpupool.core import (
@@ -106,8 +106,6 @@ class Replay:
         self.engine = Engine()
         self.clock = SimClock(self.engine)
         self.cluster = SimCluster(nodes, queues)
-        #: the nodes each job held a reservation on in the last cycle (kept by the next one)
-        self.reserved: Mapping[str, tuple[str, ...]] = {}
         self.framework = Framework.build(profile, default_registry())
         self.rng = random.Random(seed)
         self.tick_s, self.sample_s = tick_s, sample_s
@@ -198,11 +196,9 @@ class Replay:
         self._correct_overruns(now)
         recent = tuple(t for t in self.move_times if now - t < 3600)
         history = self.meter.history() if self.meter else None
-        snapshot = replace(self.cluster.snapshot(tuple(self.pending.values()), now, recent, history),
-                           reserved=self.reserved)
+        snapshot = self.cluster.snapshot(tuple(self.pending.values()), now, recent, history)
         wall = time.perf_counter()
         result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
-        self.reserved = result.reservations
         self.cycle_seconds.append(time.perf_counter() - wall)
         self.cycles += 1
         self.decisions += len(result.decisions)

@@ -115,38 +115,16 @@ class ReservationPlan:
     def reserve(self, job: JobSpec) -> Reservation | None:
         """Hold nodes for `job` at its earliest start within the window; None if there is none.
 
-        A job that held nodes in the driver's previous cycle (`ClusterSnapshot.reserved`) keeps them while they
-        can take it, unless other nodes would start it in less than half the time: every cycle plans afresh from
-        estimates, and a plan that hops to whichever nodes look earliest this cycle lets backfill refill the nodes
-        it left, so no node ever drains for it.
+        Tasks are released in order of expected end, only on nodes that could take one of the job's mandatory
+        shapes when empty; the exact fit is re-checked only when the number of copies of the job's first shape
+        that free nodes could take reaches `min_tasks`.
         """
         estimate = job.estimate_s if job.estimate_s is not None else math.inf
-        table, now = self.cycle.workspace.table, self.cycle.now
-        relevant = _relevant_nodes(table.kinds, job)
-        found = self._earliest(job, relevant, estimate)
-        before = {table.index[n] for n in self.cycle.snapshot.reserved.get(job.id, ()) if n in table.index}
-        if before and (found is None or not before.issuperset(found[0])):
-            kept = self._earliest(job, [relevant[i] and i in before for i in range(len(table))], estimate)
-            if kept is not None and (found is None or kept[1] - now <= 2 * (found[1] - now) + MIN_UNKNOWN_REMAINING_S):
-                found = kept
-        if found is None:
-            return None
-        nodes, at = found
-        reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate,
-                                  self.share_guard and not self._regular())
-        self.reservations.append(reservation)
-        return reservation
-
-    def _earliest(self, job: JobSpec, relevant: list[bool], estimate: float) -> tuple[list[int], float] | None:
-        """The nodes (among `relevant`) and the earliest time within the window at which the job's mandatory tasks
-        fit there, off other reservations over [start, start + estimate).
-
-        Tasks are released in order of expected end, only on relevant nodes; the exact fit is re-checked only when
-        the number of copies of the job's first shape that those nodes could take reaches `min_tasks`.
-        """
+        guarded = self.share_guard and not self._regular()
         table, ws, now = self.cycle.workspace.table, self.cycle.workspace, self.cycle.now
         states = list(table.states)
         shape = job.tasks[0].shape
+        relevant = _relevant_nodes(table.kinds, job)
         copies = _copies(table, relevant, shape)
         total = sum(copies)
         releases = self._releases(relevant)
@@ -164,9 +142,11 @@ class ReservationPlan:
                 total += fresh - copies[i]
                 copies[i] = fresh
             if total >= job.min_tasks:
-                nodes = self._fit(job, states, copies, relevant, self._held(at, at + estimate))
+                nodes = self._fit(job, states, copies, self._held(at, at + estimate))
                 if nodes is not None:
-                    return nodes, at
+                    reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate, guarded)
+                    self.reservations.append(reservation)
+                    return reservation
             if k >= len(releases) or releases[k][0] - now > self.window_s:
                 return None
             at = releases[k][0]
@@ -187,17 +167,16 @@ class ReservationPlan:
     def _held(self, start: float, end: float) -> set[int]:
         return {i for r in self.reservations if r.start < end and start < r.end for i in r.nodes}
 
-    def _fit(self, job: JobSpec, states: list[NodeState], copies: list[int], relevant: list[bool],
-             held: set[int]) -> list[int] | None:
-        """Relevant nodes taking the job's mandatory tasks (first fit in name order) on the scratch states; `copies`
-        counts the copies of the first task's shape each state could take (when every mandatory task has that
-        shape, only nodes with copies can take one)."""
+    def _fit(self, job: JobSpec, states: list[NodeState], copies: list[int], held: set[int]) -> list[int] | None:
+        """Nodes taking the job's mandatory tasks (first fit in name order) on the scratch states; `copies` counts
+        the copies of the first task's shape each state could take (when every mandatory task has that shape, only
+        nodes with copies can take one)."""
+        table = self.cycle.workspace.table
         mandatory = job.tasks[: job.min_tasks]
         if all(task.shape == mandatory[0].shape for task in mandatory):
-            candidates = [i for i, c in enumerate(copies) if c]
+            candidates: Sequence[int] = [i for i, c in enumerate(copies) if c]
         else:
-            candidates = [i for i, r in enumerate(relevant) if r]
-        table = self.cycle.workspace.table
+            candidates = range(len(table))
         scratch: dict[int, NodeState] = {}
         chosen: list[int] = []
         for task in mandatory:

@@ -14,8 +14,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,8 +65,6 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self._reasons: dict[str, PendingReason] = {}
-        #: the nodes each job held a reservation on in the last cycle (kept by the next one)
-        self.reserved: Mapping[str, tuple[str, ...]] = {}
         self._pending = PendingJobs()
         #: GPU-unit fair share per queue from the latest cycle (read by the queues API and metrics)
         self.fair_shares: dict[str, int] = {}
@@ -130,10 +127,8 @@ class SchedulerLoop:
         specs = {p.spec.id: p.spec for p in pending if p.spec.id not in held}
         started = time.perf_counter()
         with self.cache.lock:
-            snapshot = replace(self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree),
-                               reserved=self.reserved)
+            snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree)
             result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
-        self.reserved = result.reservations
         seconds = time.perf_counter() - started
         if result.decisions:
             failpoint("scheduler.before_bind")
