@@ -12,16 +12,11 @@ from gpupool.core import (
     FixedClock,
     Framework,
     PendingKind,
-    QueueSpec,
-    QueueTree,
-    ResourceVector,
     default_registry,
     run_cycle,
     scheduling_profile,
 )
-from gpupool.core.actions.allocate import AllocateAction
 from gpupool.core.actions.reservations import MIN_UNKNOWN_REMAINING_S, planned_end
-from gpupool.core.queues import GPU_UNITS
 from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
 
 ONE, TWO = make_shape(1000), make_shape(1000, gpu_count=2)
@@ -98,52 +93,3 @@ def test_a_task_started_in_the_same_cycle_delays_a_later_reservation_to_its_plan
     assert [d.job_id for d in result.decisions] == ["small"]
     reason = result.pending["gang"]
     assert reason.kind is PendingKind.BACKFILL_WINDOW and "from t=2000" in reason.message
-
-
-def _share_guard_cycle(share_guard):
-    """Queues A and B, 4 GPUs guaranteed each, on two 4-GPU nodes. B holds 5 GPUs (over its share of 4): three on
-    n1 until LATER+100 beside A's long task, two on n2 until LATER+500; two GPUs of n2 are free. A's 4-GPU gang and
-    B's 4-GPU gang have waited past the guard; A's gang is over quota now (6 + 4 GPUs > 8) and too big to reclaim
-    within A's share (1 + 4 > 4)."""
-    tree = QueueTree([QueueSpec("A", guaranteed=ResourceVector({GPU_UNITS: 4000})),
-                      QueueSpec("B", guaranteed=ResourceVector({GPU_UNITS: 4000}))])
-    table = table_of(make_node("n1", gpus=4), make_node("n2", gpus=4))
-    running = {}
-    run_on(table, running, "n1", "a-long/0", ONE, queue="A")
-    for node, k, n, end in (("n1", 0, 3, LATER + 100), ("n2", 1, 2, LATER + 500)):
-        task = run_on(table, running, node, f"b{k}/0", make_shape(1000, gpu_count=n), queue="B")
-        running[f"b{k}/0"] = replace(task, expected_end=end)
-    jobs = (make_job("a-gang", FOUR, queue="A", submitted_at=LATER - 7201, runtime_estimate_s=600),
-            make_job("b-gang", FOUR, queue="B", submitted_at=LATER - 7201, runtime_estimate_s=600),
-            make_job("a-small", ONE, queue="A", submitted_at=LATER - 10, runtime_estimate_s=1000),
-            make_job("b-small", ONE, queue="B", submitted_at=LATER - 10, runtime_estimate_s=1000))
-    profile = scheduling_profile("fair-share", "bestfit").with_args("allocate", reserve_after_s=7200.0,
-                                                                    share_guard=share_guard)
-    return run_cycle(ClusterSnapshot(table, jobs, running, queues=tree), Framework.build(profile, default_registry()),
-                     clock=FixedClock(LATER), rng=random.Random(0))
-
-
-FOUR = make_shape(1000, gpu_count=4)
-LATER = 10_000.0
-
-
-def test_share_guard_holds_nodes_for_a_gang_below_its_share_against_over_share_queues_only():
-    result = _share_guard_cycle(share_guard=True)
-    gang = result.pending["a-gang"]
-    assert gang.kind is PendingKind.BACKFILL_WINDOW and f"from t={LATER + 500:.0f}" in gang.message
-    # B is over its share: its gang gets no reservation and its small job keeps off the held node n2
-    assert result.pending["b-gang"].kind is not PendingKind.BACKFILL_WINDOW
-    assert result.pending["b-small"].kind is PendingKind.RESERVED_FOR
-    # A stays within its share with the small job, so the reservation does not bind it
-    assert [(d.job_id, d.node) for d in result.decisions] == [("a-small", "n2")]
-
-
-def test_without_the_share_guard_an_over_quota_gang_gets_no_reservation():
-    result = _share_guard_cycle(share_guard=False)
-    assert result.pending["a-gang"].kind is PendingKind.OVER_QUOTA
-    assert {d.job_id for d in result.decisions} == {"a-small", "b-small"}
-
-
-def test_a_share_guard_that_is_not_a_boolean_is_refused():
-    with pytest.raises(ValueError, match="share_guard"):
-        AllocateAction(share_guard="yes")

@@ -19,7 +19,7 @@ from gpupool.core.diagnostics import PendingReason
 from gpupool.core.model import JobSpec
 from gpupool.core.profile import Framework
 from gpupool.core.queues import GPU_UNITS, QueueTree, model_resource
-from gpupool.core.quota import admission_after, admission_reason, demand_units, fair_shares, minimal_charge
+from gpupool.core.quota import admission_after, admission_reason, fair_shares, minimal_charge
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot
 from gpupool.core.statement import Statement, Workspace
@@ -146,16 +146,6 @@ class Cycle:
         if self.tree is None:
             return ""
         return admission_after(self.tree, self.workspace.usage, job.queue, self.capacity)
-
-    def units_used(self, queue: str) -> int:
-        """GPU units `queue` holds as of now in this cycle."""
-        return self.workspace.usage.get(queue, ResourceVector())[GPU_UNITS]
-
-    def within_share(self, job: JobSpec) -> bool:
-        """Would the job's queue stay within its fair share were the job started (reclaim's first rule)?"""
-        if self.tree is None:
-            return False
-        return self.units_used(job.queue) + demand_units(job, self.tree) <= self.fair_shares.get(job.queue, 0)
 
     def view(self, queue: str) -> QueueView:
         assert self.tree is not None

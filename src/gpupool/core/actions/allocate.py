@@ -33,24 +33,20 @@ class AllocateAction(Action):
     name = "allocate"
 
     def __init__(self, backfill: str = "none", max_reservations: int = 1, reserve_after_s: float | None = None,
-                 window_s: float = 7 * DAY_S, share_guard: bool = False) -> None:
+                 window_s: float = 7 * DAY_S) -> None:
         if backfill not in BACKFILL_MODES:
             raise ValueError(f"allocate: backfill must be one of {', '.join(BACKFILL_MODES)}")
         if max_reservations < 0 or window_s <= 0:
             raise ValueError("allocate: max_reservations must be >= 0 and window_s > 0")
-        if not isinstance(share_guard, bool):
-            raise ValueError("allocate: share_guard must be true or false")
         self.backfill = backfill
         self.max_reservations = max_reservations
         self.reserve_after_s = reserve_after_s
         self.window_s = window_s
-        self.share_guard = share_guard
 
     def execute(self, cycle: Cycle) -> None:
         plan = None
         if self.backfill != "none" or self.reserve_after_s is not None:
-            plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s,
-                                   self.share_guard)
+            plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
         failed: Failed = {}
         for job in cycle.pending_order():
             blockers = plan.blockers(job) if plan else []
@@ -58,7 +54,7 @@ class AllocateAction(Action):
             if reason is None:
                 continue
             cycle.block(job, reason)
-            if plan is not None and plan.qualifies(job, reason.kind):
+            if plan is not None and reason.kind is PendingKind.NO_NODE_FITS and plan.qualifies(job):
                 reservation = plan.reserve(job)
                 if reservation is not None:
                     cycle.block(job, _waiting_for(reservation, cycle.now))

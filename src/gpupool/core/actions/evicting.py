@@ -23,7 +23,7 @@ def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
     Like allocate, it keeps off the nodes that this cycle's reservations hold against `job`.
     """
     placer, table = cycle.framework.placer, cycle.workspace.table
-    fenced = held_nodes(cycle, job)
+    fenced = held_nodes(cycle.reservations, job, cycle.now)
     with cycle.statement() as stmt:
         for k, task in enumerate(job.tasks):
             i = placer.choose(table, task.shape, cycle.rng, fenced)

@@ -21,6 +21,7 @@ from gpupool.core.actions.evicting import Attempts, start_by_evicting
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec
 from gpupool.core.queues import GPU_UNITS, QueueTree
+from gpupool.core.quota import demand_units
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import RunningTask
 
@@ -50,7 +51,7 @@ class ReclaimAction(Action):
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
-            if job.queue not in tree.specs or attempts.known_to_fail(job) or not cycle.within_share(job):
+            if job.queue not in tree.specs or attempts.known_to_fail(job) or not _under_share(cycle, job):
                 continue
             if evictable is None or units is None:
                 running = cycle.workspace.running_tasks()
@@ -68,6 +69,12 @@ class ReclaimAction(Action):
                 left -= evicted
                 if evicted:
                     others = {}
+
+
+def _under_share(cycle: Cycle, job: JobSpec) -> bool:
+    assert cycle.tree is not None
+    used = cycle.workspace.usage.get(job.queue, ResourceVector())[GPU_UNITS]
+    return used + demand_units(job, cycle.tree) <= cycle.fair_shares.get(job.queue, 0)
 
 
 def _evictable(cycle: Cycle, tree: QueueTree, task: RunningTask) -> bool:

@@ -8,11 +8,6 @@ same interval. Later jobs may use reserved nodes only if they are expected to en
 reservation's start, so a reservation is never delayed by a backfilled job as long as estimates are
 upper bounds. Evicting actions (preempt, reclaim) keep off reserved nodes by the same rule.
 
-With the share guard (the `fair-share` profile), a job waits long enough for a reservation only while its queue
-is below its fair share, and its reservation binds only jobs whose queues would then be over theirs: the
-non-evicting counterpart of reclaim, for a gang too big to reclaim within its queue's share. Nodes drain of
-over-share work until the gang fits, and queues within their share still use them.
-
 A task with no expected end (no estimate, no limit) is planned to run as long again as it has run so
 far: the median remaining life of a job that has run for `age` is about `age` (Harchol-Balter &
 Downey, 1997). Were it planned never to end, a gang that needs its node would get no reservation and
@@ -26,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpupool.core.diagnostics import PendingKind
 from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits, without
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState, NodeTable
@@ -46,25 +40,20 @@ class Reservation:
     nodes: frozenset[int]
     start: float
     end: float
-    #: held by the share guard: binds only jobs whose queue would go over its fair share
-    over_share_only: bool = False
 
     def blocks(self, now: float, estimate_s: float | None) -> bool:
         """Whether a job starting now with this estimate must keep off the reserved nodes."""
         return estimate_s is None or now + estimate_s > self.start
 
 
-def blocking(cycle: Cycle, job: JobSpec) -> list[Reservation]:
-    """The reservations of other jobs (this cycle's) whose nodes `job` must keep off if it starts now."""
-    found = [r for r in cycle.reservations if r.job_id != job.id and r.blocks(cycle.now, job.estimate_s)]
-    if any(r.over_share_only for r in found) and cycle.within_share(job):
-        return [r for r in found if not r.over_share_only]
-    return found
+def blocking(reservations: list[Reservation], job: JobSpec, now: float) -> list[Reservation]:
+    """The reservations of other jobs whose nodes `job` must keep off if it starts now."""
+    return [r for r in reservations if r.job_id != job.id and r.blocks(now, job.estimate_s)]
 
 
-def held_nodes(cycle: Cycle, job: JobSpec) -> frozenset[int]:
+def held_nodes(reservations: list[Reservation], job: JobSpec, now: float) -> frozenset[int]:
     """The nodes `job` must keep off if it starts now (held by other jobs' blocking reservations)."""
-    return frozenset(i for r in blocking(cycle, job) for i in r.nodes)
+    return frozenset(i for r in blocking(reservations, job, now) for i in r.nodes)
 
 
 class ReservationPlan:
@@ -74,7 +63,7 @@ class ReservationPlan:
     """
 
     def __init__(self, cycle: Cycle, mode: str, max_reservations: int, reserve_after_s: float | None,
-                 window_s: float, share_guard: bool = False) -> None:
+                 window_s: float) -> None:
         self.cycle = cycle
         self.mode = mode
         #: regular (head-of-queue) reservations: none without backfill
@@ -83,32 +72,20 @@ class ReservationPlan:
         self.max_reservations = max(1, max_reservations)
         self.reserve_after_s = reserve_after_s
         self.window_s = window_s
-        self.share_guard = share_guard
         self.reservations = cycle.reservations
         #: (planned end, task id, node index) of the snapshot's running tasks, soonest first (sorted once a cycle)
         self._planned: list[tuple[float, str, int]] | None = None
 
     def blockers(self, job: JobSpec) -> list[Reservation]:
-        return blocking(self.cycle, job)
+        return blocking(self.reservations, job, self.cycle.now)
 
-    def _regular(self) -> bool:
-        return self.mode == "conservative" or len(self.reservations) < self.regular
-
-    def qualifies(self, job: JobSpec, kind: PendingKind) -> bool:
-        """Does a job blocked for `kind` get a reservation? EASY: the first jobs no node fits, up to
-        `max_reservations`; conservative: every such job; and any job waiting longer than `reserve_after_s`
-        while its queue holds fewer than `max_reservations`. With the share guard, the waiting job's queue must
-        be below its fair share, and a job over quota qualifies too: below its share, what stops it is other
-        queues' usage, which draining the reserved nodes lowers."""
-        if kind is PendingKind.NO_NODE_FITS and self._regular():
+    def qualifies(self, job: JobSpec) -> bool:
+        """EASY: the first blocked jobs up to `max_reservations`; conservative: every blocked job; and any
+        job waiting longer than `reserve_after_s` while its queue holds fewer than `max_reservations`."""
+        if self.mode == "conservative" or len(self.reservations) < self.regular:
             return True
         waited = self.cycle.now - job.submitted_at
         if self.reserve_after_s is None or waited <= self.reserve_after_s:
-            return False
-        room = (PendingKind.NO_NODE_FITS, PendingKind.OVER_QUOTA) if self.share_guard else (PendingKind.NO_NODE_FITS,)
-        if kind not in room:
-            return False
-        if self.share_guard and self.cycle.units_used(job.queue) >= self.cycle.fair_shares.get(job.queue, 0):
             return False
         return sum(1 for r in self.reservations if r.queue == job.queue) < self.max_reservations
 
@@ -120,7 +97,6 @@ class ReservationPlan:
         that free nodes could take reaches `min_tasks`.
         """
         estimate = job.estimate_s if job.estimate_s is not None else math.inf
-        guarded = self.share_guard and not self._regular()
         table, ws, now = self.cycle.workspace.table, self.cycle.workspace, self.cycle.now
         states = list(table.states)
         shape = job.tasks[0].shape
@@ -144,7 +120,7 @@ class ReservationPlan:
             if total >= job.min_tasks:
                 nodes = self._fit(job, states, copies, self._held(at, at + estimate))
                 if nodes is not None:
-                    reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate, guarded)
+                    reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate)
                     self.reservations.append(reservation)
                     return reservation
             if k >= len(releases) or releases[k][0] - now > self.window_s:
