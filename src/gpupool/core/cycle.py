@@ -99,7 +99,7 @@ class Cycle:
         self.fair_shares: dict[str, int] = {}
         #: reservations the allocate action made this cycle; evicting actions keep off their nodes too
         self.reservations: list[Reservation] = []
-        self._quota_failures: dict[str, list[tuple[ResourceVector, str]]] = {}
+        self._quota_failures: dict[str, list[tuple[tuple[tuple[str, int], ...], str]]] = {}
         self._quota_passes: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
         self._queue_keys: dict[str, tuple[int, tuple[Hashable, ...]]] = {}
         if self.tree is not None:
@@ -121,24 +121,25 @@ class Cycle:
     def quota_precheck(self, job: JobSpec) -> str:
         """Before placing: "" unless the job's queues surely cannot hold it (its cheapest charge breaks a rule).
 
-        Usage only grows while allocating, so a charge that failed in a queue fails again for any job of
-        that queue asking at least as much; those jobs are refused without another check. A charge that passed
-        passes again until usage changes (only the resources the rules read count).
+        The rules read only some resources (`QueueTree.checks`), and only those of the charge are compared. Usage
+        only grows while allocating, so a charge that failed in a queue fails again for any job of that queue
+        asking at least as much; those jobs are refused without another check. A charge that passed passes again
+        until usage changes.
         """
         if self.tree is None:
             return ""
         charge = minimal_charge(job, self.tree)
-        checked = (job.queue, tuple(item for item in charge.items() if self.tree.checks(item[0])))
-        if self._quota_passes.get(checked) == self.workspace.usage_seq:
+        checked = tuple(item for item in charge.items() if self.tree.checks(item[0]))
+        if self._quota_passes.get((job.queue, checked)) == self.workspace.usage_seq:
             return ""
         for failed, reason in self._quota_failures.get(job.queue, []):
-            if all(charge[r] >= v for r, v in failed.items()):
+            if all(charge[r] >= v for r, v in failed):
                 return reason
         reason = admission_reason(self.tree, self.workspace.usage, job.queue, charge, self.capacity)
         if reason:
-            self._quota_failures.setdefault(job.queue, []).append((charge, reason))
+            self._quota_failures.setdefault(job.queue, []).append((checked, reason))
         else:
-            self._quota_passes[checked] = self.workspace.usage_seq
+            self._quota_passes[(job.queue, checked)] = self.workspace.usage_seq
         return reason
 
     def quota_reason(self, job: JobSpec) -> str:
