@@ -2,8 +2,8 @@
 
 Filters and scores are pure functions of (node kind, node state, shape), so the engine
 
-1. memoises each (kind, state, shape) evaluation: equal nodes are evaluated once; per table and shape,
-   the memo is keyed by the table's int key of (kind, state), which is what keeps a cache hit cheap;
+1. memoises each (kind, state, shape) evaluation, per table and shape, under the table's int key of
+   (kind, state): equal nodes are evaluated once, and a hit is one int dict lookup;
 2. keeps, per shape, an int64 array with every node's combined score (`INFEASIBLE` where a filter
    rejects), and after a change re-evaluates only the nodes in the table's change log since the
    array was last brought up to date;
@@ -32,7 +32,6 @@ FEASIBLE_MIN = INFEASIBLE + (1 << 20)
 TieBreak = Literal["name", "random"]
 #: the rejection reason of nodes a caller excludes (held by reservations)
 RESERVED = "node reserved for another job"
-_MEMO_LIMIT = 2_000_000
 _SHAPE_MEMO_LIMIT = 200_000
 
 
@@ -65,22 +64,11 @@ class Placer:
         self.weighted = tuple(scores)
         self.devices = devices
         self.tie_break = tie_break
-        self._memo: dict[tuple[NodeKind, NodeState, TaskShape], int] = {}
         self._reason_ids: dict[str, int] = {}
         self._reasons: list[str] = []
 
-    def evaluate(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
-        """The node's combined score for `shape`, or INFEASIBLE + the rejection reason's id."""
-        key = (kind, state, shape)
-        value = self._memo.get(key)
-        if value is None:
-            value = self._evaluate(kind, state, shape)
-            if len(self._memo) >= _MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[key] = value
-        return value
-
     def _evaluate(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
+        """The node's combined score for `shape`, or INFEASIBLE + the rejection reason's id."""
         for plugin in self.filters:
             status = plugin.filter(kind, state, shape)
             if not status.is_success:
@@ -113,7 +101,7 @@ class Placer:
         for i in indices:
             value = by_key.get(keys[i])
             if value is None:
-                value = by_key[keys[i]] = self.evaluate(table.kinds[i], table.states[i], shape)
+                value = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
             out[i] = value
         entry.seen = table.seq
         return entry
