@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.core import Workload
-from gpupool.core.fragmentation import FragModel, TaskClass, model_pressure
+from gpupool.core.fragmentation import FragModel, Leftovers, TaskClass, model_pressure
 from gpupool.core.nodes import NodeKind, NodeState
 from gpupool.core.plugins.score.strand_aware import StrandAwarePolicy
 from gpupool.core.testing.builders import make_node, make_shape
@@ -66,6 +66,53 @@ def test_a_task_that_runs_anywhere_leaves_the_scarce_model():
     assert (best.score(*g2, task), best.score(*t4, task)) == (50, 26)
 
 
-def test_weights_must_not_be_negative():
-    with pytest.raises(ValueError, match="scarcity_weight"):
-        StrandAwarePolicy(HALF_T4, scarcity_weight=-1.0)
+@pytest.mark.parametrize("field", ["strand_weight", "scarcity_weight", "leftover_weight"])
+def test_weights_must_not_be_negative(field):
+    with pytest.raises(ValueError, match=field):
+        StrandAwarePolicy(HALF_T4, **{field: -1.0})
+
+
+# Leftovers: two fractional classes, 500 milli on 4 cores and 300 milli on 2 (a whole-GPU class is not one).
+HALF, THIRD, WHOLE = TaskClass(4000, 500, 1), TaskClass(2000, 300, 1), TaskClass(8000, 1000, 1)
+PAIR = Workload((HALF, THIRD, WHOLE), (0.25, 0.25, 0.5))
+
+
+@pytest.mark.parametrize(
+    ("free_milli", "cpu_free", "least"),
+    [
+        (800, 16_000, 0),  # 500 + 300
+        (800, 4_000, 200),  # 4 cores: one 500 (300 left) or two 300s (200 left), not both kinds
+        (800, 3_999, 500),  # 3 cores: one 300; the node's CPU counts in whole cores, rounded down
+        (800, 1_000, 800),  # nothing fits in one core
+        (700, 8_000, 100),  # 300 + 300
+        (250, 64_000, 250),  # below every class
+        (0, 64_000, 0),
+    ],
+)
+def test_least_leftover_on_one_gpu(free_milli, cpu_free, least):
+    assert Leftovers(PAIR).least("G2", free_milli, cpu_free) == least
+
+
+def test_a_class_confined_to_other_models_fills_nothing():
+    t4_half = Workload((TaskClass(4000, 500, 1, ("T4",)), THIRD), (0.5, 0.5))
+    assert Leftovers(t4_half).least("T4", 800, 64_000) == 0  # 500 + 300
+    assert Leftovers(t4_half).least("G2", 800, 64_000) == 200  # 300 + 300
+
+
+def test_the_leftover_term_counts_partly_used_gpus_only():
+    # free (1000, 700) on 8 cores: the whole GPU is left out, the 700 can at best be cut to 100 (weight 2)
+    plain, with_term = FragModel(PAIR), FragModel(PAIR, leftover_weight=2.0)
+    assert with_term.frag("G2", 8000, (1000, 700)) - plain.frag("G2", 8000, (1000, 700)) == 200.0
+
+
+def test_a_fraction_goes_where_its_leftover_can_still_be_filled():
+    # A 300 on a GPU with 900 free leaves 600 (two more 300s fill it); on a free GPU it leaves 700 (at best
+    # 100 idle for good). With only the two fractional classes FGD sees both rooms fit every class (a tie,
+    # score 50); the leftover term costs the free GPU 2 * 100: trunc(100 * sigmoid(-0.2)) = 45.
+    fractions = Workload((HALF, THIRD), (0.5, 0.5))
+    used, fresh = node("G2", 64_000, (900,)), node("G2", 64_000, (1000,))
+    task = make_shape(300, cpu_milli=2000)
+    fgd = StrandAwarePolicy(fractions, strand_weight=0.0, leftover_weight=0.0)
+    assert fgd.score(*used, task) == fgd.score(*fresh, task) == 50
+    best = StrandAwarePolicy(fractions)
+    assert (best.score(*used, task), best.score(*fresh, task)) == (50, 45)

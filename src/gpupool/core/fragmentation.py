@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from gpupool.core.model import TaskShape
 
 _MEMO_LIMIT = 1_000_000
+_MAX_CORES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +71,22 @@ class Workload:
 class FragModel:
     """F_n(M) for one workload, memoised by (model, free CPU, sorted free milli-GPU).
 
-    Two terms of `best` (docs/design/placement.md) come on top with positive weights; plain FGD and the
-    fragmentation metric use neither:
+    Three terms of `best` (docs/design/placement.md) come on top with positive weights; plain FGD and the
+    fragmentation metric use none:
     - `strand_weight`: CPU stranding, the idle milli-GPU that the node's free CPU could not feed at the
       workload's mean CPU per GPU (`cpu_per_gpu`, milli-CPU per milli-GPU over GPU classes);
     - `scarcity_weight`: the node's used milli-GPU times its model's `pressure` (`model_pressure`), so that
-      a task that could run anywhere leaves the models other tasks are confined to.
+      a task that could run anywhere leaves the models other tasks are confined to;
+    - `leftover_weight`: the sum over partly used GPUs of `Leftovers.least`, the idle milli-GPU that no
+      combination of the workload's fractional classes could fill there.
     """
 
-    def __init__(self, workload: Workload, strand_weight: float = 0.0, scarcity_weight: float = 0.0) -> None:
+    def __init__(self, workload: Workload, strand_weight: float = 0.0, scarcity_weight: float = 0.0,
+                 leftover_weight: float = 0.0) -> None:
         self.workload = workload
         self.strand_weight = strand_weight
         self.scarcity_weight = scarcity_weight
+        self.leftover_weight = leftover_weight
         gpu = [(c, p) for c, p in zip(workload.classes, workload.popularity, strict=True) if c.gpu_milli]
         self._cpu_only_p = sum(p for c, p in zip(workload.classes, workload.popularity, strict=True)
                                if not c.gpu_milli)
@@ -90,6 +95,7 @@ class FragModel:
         gpu_demand = sum(p * c.gpu_milli * c.gpu_count for c, p in gpu)
         self.cpu_per_gpu = sum(p * c.cpu_milli for c, p in gpu) / gpu_demand if gpu_demand else 0.0
         self.pressure = model_pressure(workload) if scarcity_weight else {}
+        self.leftovers = Leftovers(workload)
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     def frag(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
@@ -122,7 +128,54 @@ class FragModel:
         pressure = self.pressure.get(model)
         if pressure:
             total += self.scarcity_weight * pressure * (1000 * len(free) - idle)
+        if self.leftover_weight:
+            least = self.leftovers.least
+            total += self.leftover_weight * sum(least(model, r, cpu_free) for r in free if r < 1000)
         return total
+
+
+class Leftovers:
+    """`least(model, free_milli, cpu_free)`: the least idle milli-GPU that tasks of the workload's fractional
+    classes (one GPU, under 1000 milli, allowed on `model`) could leave on one GPU with `free_milli` free,
+    stacking any number of them, when the node has `cpu_free` milli-CPU for them (counted in whole cores:
+    a class's CPU rounded up, the node's down, so the figure is never optimistic). It is 0 when some
+    combination fills the GPU exactly, and `free_milli` when no class fits.
+
+    Rows (every core count for one model and free amount) are built on first use from smaller free
+    amounts; a node's CPU beyond what a GPU's worth of classes could use (or 256 cores) is read as that much.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self._classes = tuple(sorted({(c.gpu_milli, -(-c.cpu_milli // 1000), frozenset(c.gpu_models))
+                                      for c in workload.classes
+                                      if c.gpu_count == 1 and 0 < c.gpu_milli < 1000}, key=repr))
+        smallest = min((m for m, _, _ in self._classes), default=1000)
+        self._cores = min(_MAX_CORES, (1000 // smallest) * max((k for _, k, _ in self._classes), default=0))
+        self._rows: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def least(self, model: str, free_milli: int, cpu_free: int) -> int:
+        return self._row(model, free_milli)[min(cpu_free // 1000, self._cores)]
+
+    def _row(self, model: str, free_milli: int) -> tuple[int, ...]:
+        todo = [free_milli]
+        while todo:
+            free = todo[-1]
+            if (model, free) in self._rows:
+                todo.pop()
+                continue
+            fits = [(m, k) for m, k, models in self._classes if m <= free and (not models or model in models)]
+            missing = [free - m for m, _ in fits if (model, free - m) not in self._rows]
+            if missing:
+                todo.extend(missing)
+                continue
+            best = [free] * (self._cores + 1)
+            for m, k in fits:
+                rest = self._rows[(model, free - m)]
+                for c in range(k, self._cores + 1):
+                    best[c] = min(best[c], rest[c - k])
+            self._rows[(model, free)] = tuple(best)
+            todo.pop()
+        return self._rows[(model, free_milli)]
 
 
 def model_pressure(workload: Workload) -> dict[str, float]:

@@ -5,8 +5,11 @@ still use a node. It misses two ways GPUs end up idle for good:
 - stranded by CPU: a node whose free CPU cannot feed its idle GPUs at the workload's CPU-per-GPU ratio
   leaves them idle however the next tasks are drawn (term: w_s * max(0, idle_gpu - free_cpu / cpu_per_gpu));
 - taken from a scarce model: a task that could run anywhere, placed on a model that other tasks are
-  confined to, makes one of those fail later (term: w_p * pressure(model) * used_gpu).
-This policy descends F_n(M) plus both terms, everything else as FGD.
+  confined to, makes one of those fail later (term: w_p * pressure(model) * used_gpu);
+- left over on a shared GPU: a fraction that leaves a GPU with room no combination of the workload's
+  fractional classes can fill idles that room for good (term: w_l * sum over partly used GPUs of the least
+  such leftover, `Leftovers`).
+This policy descends F_n(M) plus the three terms, everything else as FGD.
 """
 
 from __future__ import annotations
@@ -16,18 +19,23 @@ from gpupool.core.plugins.score.fgd import FgdPolicy
 
 DEFAULT_STRAND_WEIGHT = 2.0
 DEFAULT_SCARCITY_WEIGHT = 1.0
+DEFAULT_LEFTOVER_WEIGHT = 2.0
 
 
 class StrandAwarePolicy(FgdPolicy):
     name = "strand_aware"
 
     def __init__(self, workload: Workload, strand_weight: float = DEFAULT_STRAND_WEIGHT,
-                 scarcity_weight: float = DEFAULT_SCARCITY_WEIGHT) -> None:
-        for field, value in (("strand_weight", strand_weight), ("scarcity_weight", scarcity_weight)):
+                 scarcity_weight: float = DEFAULT_SCARCITY_WEIGHT,
+                 leftover_weight: float = DEFAULT_LEFTOVER_WEIGHT) -> None:
+        weights = {"strand_weight": strand_weight, "scarcity_weight": scarcity_weight,
+                   "leftover_weight": leftover_weight}
+        for field, value in weights.items():
             if value < 0:
                 raise ValueError(f"{field}: must be >= 0")
         self.strand_weight, self.scarcity_weight = strand_weight, scarcity_weight
+        self.leftover_weight = leftover_weight
         super().__init__(workload)
 
     def frag_model(self, workload: Workload) -> FragModel:
-        return FragModel(workload, self.strand_weight, self.scarcity_weight)
+        return FragModel(workload, self.strand_weight, self.scarcity_weight, self.leftover_weight)
