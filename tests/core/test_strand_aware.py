@@ -1,4 +1,4 @@
-"""`best` (strand_aware): its two terms on top of FGD, on hand-computed clusters (docs/design/placement.md)."""
+"""`best` (strand_aware): its three terms on top of FGD, on hand-computed clusters (docs/design/placement.md)."""
 
 from __future__ import annotations
 
