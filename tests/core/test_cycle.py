@@ -71,3 +71,14 @@ def test_binds_carry_exact_devices():
     table = table_of((make_node("a", gpus=2), [400, 1000]))
     (bind,) = _run(table, make_job("j", make_shape(300))).decisions
     assert isinstance(bind, Bind) and bind.shares[0].index == 0 and bind.shares[0].milli == 300
+
+
+def test_why_no_node_fits_is_counted_on_the_nodes_as_the_pass_leaves_them():
+    # One GPU and 4 cores free. "big" (2 GPUs) fails first, for want of a GPU; "small" then takes the GPU and
+    # every core. The reason "big" shows is the one that holds after the cycle: its first failing check is CPU.
+    table = table_of((make_node("a", gpus=2, cpu_milli=8000), [1000, 0], 4000))
+    big = make_job("big", make_shape(1000, gpu_count=2, cpu_milli=1000))
+    small = make_job("small", make_shape(1000, cpu_milli=4000), submitted_at=1)
+    result = _run(table, big, small)
+    assert [d.job_id for d in result.decisions] == ["small"]
+    assert result.pending["big"].details == (("insufficient CPU", 1),)

@@ -55,15 +55,19 @@ class Postgres:
 
     def create_database(self, name: str) -> str:
         """Create database `name`. Parallel tests create databases at the same moment, and CREATE DATABASE
-        refuses while another session copies the same template, so a failure is retried a few times."""
+        refuses while another session copies the same template, so a failure is retried a few times. An
+        attempt can fail after the server created the database (the client's answer lost on a loaded
+        machine); `name` is this caller's alone, so a retry that finds it existing has it."""
         command = [*self.as_user, str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
                    "gpupool", name]
+        errors = []
         for attempt in range(5):
             done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode == 0:
+            if done.returncode == 0 or (attempt and "already exists" in done.stderr):
                 return f"postgresql+psycopg://gpupool@127.0.0.1:{self.port}/{name}"
+            errors.append(done.stderr.strip())
             time.sleep(0.2 * (attempt + 1))
-        raise RuntimeError(f"createdb {name} failed: {done.stderr.strip()}")
+        raise RuntimeError(f"createdb {name} failed: {' | '.join(errors)}")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (a database outage): `fast` disconnects every client at once, `immediate` crashes."""

@@ -8,10 +8,16 @@ For each job the queue-order plugin hands out, in one Statement:
    retried until a node changes);
 3. check the job's queues may hold it (limits, borrowing, lending, guarantees);
 4. commit, or discard and record why; a blocked job that qualifies gets a reservation.
+
+Why no node fits is counted once per (shape, fence) at the end of the pass, on the nodes as the pass leaves
+them: allocating only fills nodes, so a shape that fitted nowhere still fits nowhere, and the reason a job
+shows is the one that holds after the cycle.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpupool.core.actions.reservations import Reservation, ReservationPlan
@@ -24,9 +30,18 @@ if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
 
 BACKFILL_MODES = ("none", "easy", "conservative")
-#: per (shape, fence): the table position where no node took the shape, and why (None until asked)
-Failed = dict[tuple[TaskShape, frozenset[int]], tuple[int, list[tuple[str, int]] | None]]
+#: per (shape, fence): the table position where no node took the shape
+Failed = dict[tuple[TaskShape, frozenset[int]], int]
 DAY_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stuck:
+    """A job no node set could take: its first unplaced task's index and shape, and the nodes it was kept off."""
+
+    task_index: int
+    shape: TaskShape
+    fenced: frozenset[int]
 
 
 class AllocateAction(Action):
@@ -48,38 +63,45 @@ class AllocateAction(Action):
         if self.backfill != "none" or self.reserve_after_s is not None:
             plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
         failed: Failed = {}
+        stuck: dict[str, tuple[JobSpec, Stuck]] = {}
         for job in cycle.pending_order():
             blockers = plan.blockers(job) if plan else []
             reason = _try(cycle, job, blockers, failed)
             if reason is None:
                 continue
+            if isinstance(reason, Stuck):
+                stuck[job.id] = (job, reason)
+                if plan is not None and plan.qualifies(job):
+                    reservation = plan.reserve(job)
+                    if reservation is not None:
+                        stuck.pop(job.id)
+                        cycle.block(job, _waiting_for(reservation, cycle.now))
+                continue
             cycle.block(job, reason)
-            if plan is not None and reason.kind is PendingKind.NO_NODE_FITS and plan.qualifies(job):
-                reservation = plan.reserve(job)
-                if reservation is not None:
-                    cycle.block(job, _waiting_for(reservation, cycle.now))
+        _explain(cycle, stuck.values())
 
 
-def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed) -> PendingReason | None:
-    """Start `job` now if it fits off the blocking reservations and under quota; else why not."""
+def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed) -> PendingReason | Stuck | None:
+    """Start `job` now if it fits off the blocking reservations and under quota; else why not (`Stuck`: no node
+    set takes it, explained at the end of the pass)."""
     precheck = cycle.quota_precheck(job)
     if precheck:
         return PendingReason(PendingKind.OVER_QUOTA, precheck)
     states = cycle.workspace.table.states
     fenced = frozenset(i for r in blockers for i in r.nodes if states[i].schedulable)
     with cycle.statement() as stmt:
-        reason = place_gang(cycle, job, stmt, failed, fenced)
-        if reason is None:
+        stuck = place_gang(cycle, job, stmt, failed, fenced)
+        if stuck is None:
             quota = cycle.quota_reason(job)
             if quota:
                 return PendingReason(PendingKind.OVER_QUOTA, quota)
             cycle.emit(job, stmt.commit())
             return None
-    if fenced and reason.kind is PendingKind.NO_NODE_FITS and _fits_unfenced(cycle, job, failed):
+    if fenced and _fits_unfenced(cycle, job, failed):
         holder = min(blockers, key=lambda r: r.start)
         return PendingReason(PendingKind.RESERVED_FOR,
                              f"nodes it fits on are reserved for job {holder.job_id} from t={holder.start:.0f}")
-    return reason
+    return stuck
 
 
 def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
@@ -94,23 +116,25 @@ def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
 
 
 def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
-               fenced: frozenset[int] = frozenset()) -> PendingReason | None:
+               fenced: frozenset[int] = frozenset()) -> Stuck | None:
     """Place `job`'s tasks in `stmt` off the `fenced` nodes; None when at least `min_tasks` are placed, else
-    the reason.
+    where it got stuck.
 
-    `failed` remembers, per (shape, fence), the table position where no node fitted (and why, once asked), to
-    skip identical retries.
+    `failed` remembers, per (shape, fence), the table position where no node fitted, to skip identical retries.
     """
     stuck = _place_tasks(cycle, job, stmt, failed, fenced)
-    if stuck is None:
-        return None
-    k, shape = stuck
-    table = cycle.workspace.table
-    seq, why = failed[(shape, fenced)]
-    if why is None:
-        why = cycle.framework.placer.explain(table, shape, fenced)
-        failed[(shape, fenced)] = (seq, why)
-    return no_node_fits(len(table), why, k, len(job.tasks))
+    return None if stuck is None else Stuck(stuck[0], stuck[1], fenced)
+
+
+def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
+    """Block each stuck job with why no node takes its task, counted once per (shape, fence) on the nodes now."""
+    placer, table = cycle.framework.placer, cycle.workspace.table
+    why: dict[tuple[TaskShape, frozenset[int]], list[tuple[str, int]]] = {}
+    for job, s in stuck:
+        key = (s.shape, s.fenced)
+        if key not in why:
+            why[key] = placer.explain(table, s.shape, s.fenced)
+        cycle.block(job, no_node_fits(len(table), why[key], s.task_index, len(job.tasks)))
 
 
 def _place_tasks(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
@@ -120,12 +144,11 @@ def _place_tasks(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
     placer, table = cycle.framework.placer, cycle.workspace.table
     for k, task in enumerate(job.tasks):
         key = (task.shape, fenced)
-        known = failed.get(key)
-        if known is None or known[0] != table.seq:
+        if failed.get(key) != table.seq:
             i = placer.choose(table, task.shape, cycle.rng, fenced)
             if i is not None:
                 stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
                 continue
-            failed[key] = (table.seq, None)
+            failed[key] = table.seq
         return None if k >= job.min_tasks else (k, task.shape)
     return None
