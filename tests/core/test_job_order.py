@@ -79,6 +79,9 @@ def test_an_unknown_job_order_is_refused():
         FairShareQueueOrder("shortest")
     with pytest.raises(ValueError, match="overdue_first"):
         FairShareQueueOrder("expected_end", overdue_first="yes")
+    for bad in (0, -0.5, "half", True):
+        with pytest.raises(ValueError, match="overdue_after"):
+            FairShareQueueOrder("expected_end", overdue_first=True, overdue_after=bad)
 
 
 # a low-priority job of 10 min submitted at 0; high-priority jobs of 1 h submitted at 60 and 120; one without an
@@ -97,6 +100,15 @@ NONE = make_job("none", ONE, queue="A", submitted_at=0.0)
 ])
 def test_overdue_jobs_go_first_by_expected_end(now, expected):
     plugin = FairShareQueueOrder("expected_end", overdue_first=True)
+    assert [j.id for j in _ordered(plugin, [*HIGH, NONE, LOW], now)] == expected
+
+
+@pytest.mark.parametrize(("now", "expected"), [
+    (299.0, ["high1", "high2", "none", "low"]),
+    (300.0, ["low", "high1", "high2", "none"]),  # low has waited half its estimate
+])
+def test_overdue_after_a_fraction_of_the_estimate(now, expected):
+    plugin = FairShareQueueOrder("expected_end", overdue_first=True, overdue_after=0.5)
     assert [j.id for j in _ordered(plugin, [*HIGH, NONE, LOW], now)] == expected
 
 

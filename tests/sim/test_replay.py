@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -73,10 +74,12 @@ def test_replay_needs_time_columns(tmp_path):
     assert result.returncode == 2 and "column 'creation_time'" in result.stdout.replace("\n", "")
 
 
-def test_consolidation_in_replay_starts_the_blocked_job_and_is_reported():
+@pytest.mark.parametrize(("checkpointable", "a_ends", "lost_gpu_hours"), [(True, 100, 0.0), (False, 101, 1 / 3600)],
+                         ids=["checkpointable task resumes", "job that cannot checkpoint starts over"])
+def test_consolidation_in_replay_starts_the_blocked_job_and_is_reported(checkpointable, a_ends, lost_gpu_hours):
     from gpupool.sim.replay_report import run_summary
-    arrivals = [JobArrival(0, make_job("a", make_shape(1000), submitted_at=0), 100),
-                JobArrival(0, make_job("b", make_shape(1000), submitted_at=0), 100),
+    a = replace(make_job("a", make_shape(1000), submitted_at=0), checkpointable=checkpointable)
+    arrivals = [JobArrival(0, a, 100), JobArrival(0, make_job("b", make_shape(1000), submitted_at=0), 100),
                 JobArrival(1, make_job("c", make_shape(1000, gpu_count=2), submitted_at=1), 10)]
     nodes = [make_node("n1", gpus=2), make_node("n2", gpus=2)]
     spread = placement_profile("spread")
@@ -84,6 +87,20 @@ def test_consolidation_in_replay_starts_the_blocked_job_and_is_reported():
     assert plain.records["c"].first_start == 100
     moving = Replay(nodes, arrivals, spread.with_actions("allocate", "consolidate"), seed=1).run()
     assert moving.records["c"].first_start == 1
-    assert moving.records["b"].end == 100 and moving.records["a"].end == 100  # moved, not restarted
+    assert moving.records["b"].end == 100 and moving.records["a"].end == a_ends  # a moved at t=1
     summary = run_summary(moving, timing=False)
     assert summary["migrations"] == 1 and summary["gpus_recovered_per_migration"] == 2.0
+    assert summary["migration_lost_gpu_hours"] == round(lost_gpu_hours, 1)
+    assert moving.move_lost_gpu_s == pytest.approx(3600 * lost_gpu_hours)
+
+
+@pytest.mark.parametrize(("profile", "actions"), [
+    ("fair-share", ("allocate", "consolidate", "reclaim", "preempt")),
+    (None, ("allocate", "consolidate")),
+], ids=["moves go before evictions", "placement policy only"])
+def test_consolidate_option_runs_right_after_allocate(profile, actions):
+    from gpupool.sim.experiment import ReplayTask, _replay_profile
+    task = ReplayTask("nodes.csv", "pods.csv", "bestfit", 1, 0.0, 3600.0, False, (3, 20), profile)
+    built = _replay_profile(task, [], [])
+    assert built.actions == actions and built.args["consolidate"] == {"max_moves_per_cycle": 3,
+                                                                      "max_moves_per_hour": 20}

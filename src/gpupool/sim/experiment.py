@@ -165,7 +165,9 @@ def _replay_profile(task: ReplayTask, pods: list[Pod], nodes: list[NodeSpec]) ->
         profile = profile.with_workload(target_workload(pods, nodes))
     if task.consolidate is not None:
         per_cycle, per_hour = task.consolidate
-        profile = profile.with_actions(*profile.actions, "consolidate").with_args(
+        actions = [a for a in profile.actions if a != "consolidate"]  # moving goes before any eviction
+        actions.insert(actions.index("allocate") + 1 if "allocate" in actions else 0, "consolidate")
+        profile = profile.with_actions(*actions).with_args(
             "consolidate", max_moves_per_cycle=per_cycle, max_moves_per_hour=per_hour)
     return profile
 

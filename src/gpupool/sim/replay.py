@@ -6,7 +6,8 @@ With a queue tree, the replay also meters every queue (GPU time received against
 24-hour window, quota checks after every cycle) and feeds time-decayed usage back to the scheduler.
 Jobs without a runtime estimate get one from the runtime predictor; a task still running at its
 expected end has that end doubled (never past its limit). Evicted jobs go back to the queue and
-restart from zero; moved tasks keep running. A job that could not start even on the empty cluster
+restart from zero; a moved task of a checkpointable job keeps running, and a job that cannot checkpoint
+starts over on its new nodes (the work lost is reported). A job that could not start even on the empty cluster
 is rejected at submission (`core.feasible`): it never waits, so it never counts as demand.
 """
 
@@ -96,6 +97,8 @@ class ReplayRun:
     #: milli-GPU of jobs started in cycles that moved tasks to make room
     recovered_milli: int = 0
     meter: QueueMeter | None = None
+    #: GPU-seconds of work lost by moved jobs that cannot checkpoint (they start over)
+    move_lost_gpu_s: float = 0.0
 
 
 class Replay:
@@ -124,6 +127,8 @@ class Replay:
         self.cycles = self.decisions = self.recovered_milli = 0
         self.cycle_seconds: list[float] = []
         self.move_times: list[float] = []
+        #: GPU-seconds of work lost by jobs that were moved and cannot checkpoint
+        self.move_lost_gpu_s = 0.0
 
     def run(self) -> ReplayRun:
         if not self.arrivals:
@@ -140,7 +145,8 @@ class Replay:
             self.meter.advance(self.engine.now)
         return ReplayRun(self.records, self.samples, start, self.engine.now, self._area,
                          self.cluster.capacity_gpu_milli, self.cycles, self.decisions, time.perf_counter() - wall,
-                         self.cycle_seconds, len(self.move_times), self.recovered_milli, self.meter)
+                         self.cycle_seconds, len(self.move_times), self.recovered_milli, self.meter,
+                         self.move_lost_gpu_s)
 
     # 1. events --------------------------------------------------------------------------------
 
@@ -225,10 +231,14 @@ class Replay:
         if moves:
             started = {d.job_id for d in decisions if isinstance(d, Bind) and d.job_id in self.pending}
             self.recovered_milli += sum(self.records[j].gpus_milli for j in started)
+        restarted: set[str] = set()
         for decision in decisions:
             record = self.records[decision.job_id]
             if isinstance(decision, Move):
-                continue  # the task keeps running elsewhere; its completion time stands
+                if not record.job.checkpointable and decision.job_id not in restarted:
+                    restarted.add(decision.job_id)
+                    self._restart(record, now)
+                continue  # a checkpointable task resumes elsewhere; its completion time stands
             if isinstance(decision, Evict):
                 if record.start is not None and record.end is None:
                     self._requeue(record)
@@ -238,6 +248,20 @@ class Replay:
                 record.first_start = record.first_start if record.first_start is not None else now
                 self.engine.schedule(now + self.durations[decision.job_id], COMPLETION, self._complete,
                                      (decision.job_id, record.attempt))
+
+    def _restart(self, record: JobRecord, now: float) -> None:
+        """A job that cannot checkpoint had a task moved: it starts over, on its tasks' new nodes."""
+        assert record.start is not None
+        self.move_lost_gpu_s += (now - record.start) * record.gpus_milli / 1000
+        record.attempt += 1
+        record.start = now
+        estimate = record.job.estimate_s
+        for task in record.job.tasks:
+            if task.id in self.cluster.running:
+                self.cluster.running[task.id] = replace(self.cluster.running[task.id], started_at=now,
+                                                        expected_end=None if estimate is None else now + estimate)
+        self.engine.schedule(now + self.durations[record.job.id], COMPLETION, self._complete,
+                             (record.job.id, record.attempt))
 
     def _requeue(self, record: JobRecord) -> None:
         for task in record.job.tasks:

@@ -65,6 +65,7 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
         "migrations": run.moves,
         "migrations_per_hour": round(3600 * run.moves / span, 3) if span > 0 else None,
         "gpus_recovered_per_migration": round(run.recovered_milli / 1000 / run.moves, 3) if run.moves else None,
+        "migration_lost_gpu_hours": round(run.move_lost_gpu_s / 3600, 1),
         **estimate_accuracy(run),
     }
     if run.meter is not None:

@@ -1,17 +1,26 @@
 """Consolidate: make room for a pending job by moving movable tasks elsewhere (defragmentation).
 
-For each pending job in queue order, in one Statement, place its tasks; when a task finds no node,
-free a node for it by moving movable tasks (preemptible or checkpointable) off it, each to the best
-other node by the profile's placement (`gpupool.core.actions.room`). The statement commits only when
-all `min_tasks` are placed and the job's queues may hold it, so every move has a new home and
-nothing moves for nothing. Budgets: `max_moves_per_cycle`, and `max_moves_per_hour` counted with
-the snapshot's `recent_moves`.
+For each pending job in queue order, in one Statement, place its tasks off the nodes this cycle's
+reservations hold against it; when a task finds no node, free a node for it by moving movable tasks
+(preemptible or checkpointable) off it, each to the best other node by the profile's placement and
+never onto a node reserved for another job (`gpupool.core.actions.room`). The statement commits only when all
+`min_tasks` are placed and the job's queues may hold it, so every move has a new home and nothing
+moves for nothing.
+
+Victims are the tasks that ran before this cycle: checkpointable ones first (they lose nothing), then
+preemptible ones that have run at most `max_lost_work_s` (a job that cannot checkpoint starts over when
+a task of it moves), in the victim plugin's order (least work lost first). Budgets: `max_moves_per_cycle`, and
+`max_moves_per_hour` counted with the snapshot's `recent_moves`; at most `max_attempts` jobs search
+for moves in a cycle, and a job whose shapes and fence already failed is not searched again until
+a job starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from gpupool.core.actions.reservations import held_nodes
 from gpupool.core.actions.room import make_room
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec
@@ -25,42 +34,79 @@ if TYPE_CHECKING:
 class ConsolidateAction(Action):
     name = "consolidate"
 
-    def __init__(self, max_moves_per_cycle: int = 8, max_moves_per_hour: int = 60) -> None:
-        if max_moves_per_cycle < 0 or max_moves_per_hour < 0:
-            raise ValueError("consolidate: move budgets must be >= 0")
+    def __init__(self, max_moves_per_cycle: int = 8, max_moves_per_hour: int = 60, max_attempts: int = 16,
+                 max_lost_work_s: float = 600.0) -> None:
+        if max_moves_per_cycle < 0 or max_moves_per_hour < 0 or max_attempts < 0 or max_lost_work_s < 0:
+            raise ValueError("consolidate: move budgets, max_attempts and max_lost_work_s must be >= 0")
         self.per_cycle = max_moves_per_cycle
         self.per_hour = max_moves_per_hour
+        self.max_attempts = max_attempts
+        self.max_lost_work_s = max_lost_work_s
 
     def execute(self, cycle: Cycle) -> None:
         recent = sum(1 for t in cycle.snapshot.recent_moves if cycle.now - t < 3600)
         left = min(self.per_cycle, self.per_hour - recent)
+        search = _Search(cycle, self.max_attempts, self.max_lost_work_s)
         for job in cycle.pending_order():
-            if left <= 0:
+            if left <= 0 or search.attempts <= 0:
                 return
+            fenced = held_nodes(cycle.reservations, job, cycle.now)
+            key = (job.min_tasks, tuple(t.shape for t in job.tasks), fenced)
+            if key in search.failed or cycle.quota_precheck(job):
+                continue
             with cycle.statement() as stmt:
-                spent = _place_with_moves(cycle, job, stmt, left)
-                if spent is not None and not cycle.quota_reason(job):
+                spent = search.place(job, stmt, left, fenced)
+                if spent is None:
+                    search.failed.add(key)
+                elif not cycle.quota_reason(job):
                     left -= spent
+                    search.failed.clear()
                     cycle.emit(job, stmt.commit())
+
+
+class _Search:
+    """One pass's victims (listed once) and the job shapes that found no room since the last start."""
+
+    def __init__(self, cycle: Cycle, attempts: int, max_lost_work_s: float) -> None:
+        self.cycle = cycle
+        self.attempts = attempts
+        self.max_lost_work_s = max_lost_work_s
+        self.failed: set[Hashable] = set()
+        self._victims: list[RunningTask] | None = None
+
+    def victims(self, job: JobSpec) -> list[RunningTask]:
+        if self._victims is None:
+            ran, now = self.cycle.snapshot.running, self.cycle.now
+            movable = [t for t in self.cycle.workspace.running_tasks() if t.task_id in ran and (
+                t.checkpointable or t.preemptible and now - t.started_at <= self.max_lost_work_s)]
+            ordered = self.cycle.framework.victims.order_victims(job, movable)
+            self._victims = sorted(ordered, key=lambda t: not t.checkpointable)
+        return self._victims
+
+    def place(self, job: JobSpec, stmt: Statement, allowance: int, fenced: frozenset[int]) -> int | None:
+        """Moves spent placing `job` in `stmt` (0 when it fits without any), or None if it cannot start."""
+        cycle = self.cycle
+        placer, table = cycle.framework.placer, cycle.workspace.table
+        spent = 0
+        for k, task in enumerate(job.tasks):
+            i = placer.choose(table, task.shape, cycle.rng, fenced)
+            if i is None:
+                if spent == 0:
+                    self.attempts -= 1
+                made = make_room(cycle, stmt, task.shape, self.victims(job), _movable, _others_reserved(cycle, job),
+                                 allowance - spent, fenced=fenced)
+                if made is None:
+                    return spent if k >= job.min_tasks else None
+                i, moves = made
+                spent += moves
+            stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
+        return spent
 
 
 def _movable(task: RunningTask) -> bool:
     return task.is_movable
 
 
-def _place_with_moves(cycle: Cycle, job: JobSpec, stmt: Statement, allowance: int) -> int | None:
-    """Moves spent placing `job` in `stmt` (0 when it fits without any), or None if it cannot start."""
-    placer, table = cycle.framework.placer, cycle.workspace.table
-    spent = 0
-    for k, task in enumerate(job.tasks):
-        i = placer.choose(table, task.shape, cycle.rng)
-        if i is None:
-            victims = sorted((t for t in cycle.workspace.running_tasks() if t.is_movable),
-                             key=lambda t: (t.shape.total_gpu_milli, t.shape.cpu_milli, t.task_id))
-            made = make_room(cycle, stmt, task.shape, victims, _movable, True, allowance - spent)
-            if made is None:
-                return spent if k >= job.min_tasks else None
-            i, moves = made
-            spent += moves
-        stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
-    return spent
+def _others_reserved(cycle: Cycle, job: JobSpec) -> frozenset[int]:
+    """Nodes reserved for jobs other than `job`: a task moved there might outlast the reservation's start."""
+    return frozenset(i for r in cycle.reservations if r.job_id != job.id for i in r.nodes)

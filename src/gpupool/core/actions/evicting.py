@@ -29,7 +29,7 @@ def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
             i = placer.choose(table, task.shape, cycle.rng, fenced)
             if i is None:
                 spent = _evicted_jobs(stmt.decisions)
-                made = make_room(cycle, stmt, task.shape, victims, may_take, False, allowance - spent, reason,
+                made = make_room(cycle, stmt, task.shape, victims, may_take, None, allowance - spent, reason,
                                  fenced)
                 if made is None:
                     if k >= job.min_tasks:

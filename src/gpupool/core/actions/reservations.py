@@ -16,8 +16,9 @@ would starve for as long as such tasks keep landing there.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from gpupool.core.snapshot import RunningTask
 
 #: the least a task of unknown length is planned to run on
 MIN_UNKNOWN_REMAINING_S = 60.0
+#: node keys whose copy counts a shape's memo keeps before it starts again
+COPIES_MEMO_LIMIT = 100_000
 
 if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
@@ -104,14 +107,14 @@ class ReservationPlan:
         copies = _copies(table, relevant, shape)
         total = sum(copies)
         releases = self._releases(relevant)
-        k, at = 0, now
+        upcoming, at = next(releases, None), now
         while True:
             released: dict[int, list[tuple[TaskShape, tuple[DeviceShare, ...]]]] = {}
-            while k < len(releases) and releases[k][0] <= at:
-                task = ws.running(releases[k][1])
+            while upcoming is not None and upcoming[0] <= at:
+                task = ws.running(upcoming[1])
                 if task is not None:
-                    released.setdefault(releases[k][2], []).append((task.shape, task.shares))
-                k += 1
+                    released.setdefault(upcoming[2], []).append((task.shape, task.shares))
+                upcoming = next(releases, None)
             for i, tasks in released.items():  # once per node and time step: many tasks may end at once
                 states[i] = without(states[i], tasks)
                 fresh = copies_fit(table.kinds[i], states[i], shape)
@@ -123,22 +126,22 @@ class ReservationPlan:
                     reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate)
                     self.reservations.append(reservation)
                     return reservation
-            if k >= len(releases) or releases[k][0] - now > self.window_s:
+            if upcoming is None or upcoming[0] - now > self.window_s:
                 return None
-            at = releases[k][0]
+            at = upcoming[0]
 
-    def _releases(self, relevant: list[bool]) -> list[tuple[float, str, int]]:
-        """(planned end, task id, node index) of every task running now on a relevant node, soonest first: the
-        snapshot's tasks sorted once per cycle, merged with the tasks this cycle placed or moved."""
+    def _releases(self, relevant: list[bool]) -> Iterator[tuple[float, str, int]]:
+        """(planned end, task id, node index) of every task running now on a relevant node, soonest first, read
+        lazily: the snapshot's tasks sorted once per cycle, merged with the tasks this cycle placed or moved."""
         ws, now, index = self.cycle.workspace, self.cycle.now, self.cycle.workspace.table.index
         if self._planned is None:
             running = ws.snapshot.running.values()
             self._planned = sorted((planned_end(t, now), t.task_id, index[t.node]) for t in running)
         overlay = ws.overlay
-        kept = [r for r in self._planned if relevant[r[2]] and r[1] not in overlay]
-        fresh = [(planned_end(t, now), t.task_id, i) for t in overlay.values()
-                 if t is not None and relevant[i := index[t.node]]]
-        return sorted(kept + fresh) if fresh else kept  # two sorted runs: one linear merge
+        kept = (r for r in self._planned if relevant[r[2]] and r[1] not in overlay)
+        fresh = sorted((planned_end(t, now), t.task_id, i) for t in overlay.values()
+                       if t is not None and relevant[i := index[t.node]])
+        return heapq.merge(kept, fresh) if fresh else kept
 
     def _held(self, start: float, end: float) -> set[int]:
         return {i for r in self.reservations if r.start < end and start < r.end for i in r.nodes}
@@ -166,9 +169,13 @@ class ReservationPlan:
 
 
 def _copies(table: NodeTable, relevant: list[bool], shape: TaskShape) -> list[int]:
-    """Per node: how many copies of `shape` its current state could take (0 on nodes not relevant); equal
-    (kind, state) pairs, which share a table key, are counted once."""
-    by_key: dict[int, int] = {}
+    """Per node: how many copies of `shape` its current state could take (0 on nodes not relevant); counted
+    once per table key (a (kind, state) pair) and kept in the table across cycles, since a key never names
+    another pair."""
+    by_key = table.derived.setdefault((_copies, shape), {})
+    assert isinstance(by_key, dict)
+    if len(by_key) > COPIES_MEMO_LIMIT:
+        by_key.clear()
     copies = []
     for i, key in enumerate(table.keys):
         if not relevant[i]:

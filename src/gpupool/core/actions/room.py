@@ -5,7 +5,8 @@ caller's Statement, and a candidate node that does not work out is rolled back.
 Candidates are the nodes where the task would fit if every victim task on them were gone, tried in
 order of least GPU to free, then name. On a candidate, victims (in the order given) are moved or
 evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
-Evicting a task evicts every running task of its job, so no gang is left below its size.
+Evicting a task evicts every running task of its job, so no gang is left below its size; a moved task
+goes to the best node off the caller's `move_off` nodes.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ CANDIDATE_NODES = 8
 
 
 def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence[RunningTask],
-              may_take: Callable[[RunningTask], bool], relocate: bool, allowance: int,
+              may_take: Callable[[RunningTask], bool], move_off: frozenset[int] | None, allowance: int,
               reason: str = "preempted", fenced: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     """(node index, victims used) for a node off `fenced` freed for `shape` within `allowance`; None if none
-    works. `victims` are tasks as they ran when the caller listed them (from `Workspace.running_tasks`)."""
+    works. Victims are moved to the best node off `move_off`, or evicted when `move_off` is None. `victims` are
+    tasks as they ran when the caller listed them (from `Workspace.running_tasks`)."""
     table, overlay = cycle.workspace.table, cycle.workspace.overlay
     by_node: dict[int, list[RunningTask]] = {}
     freed: dict[int, int] = {}
@@ -52,7 +54,7 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
                 break
     for i in candidates:
         checkpoint = stmt.checkpoint()
-        used = _free(cycle, stmt, i, shape, by_node[i], may_take, relocate, allowance, reason)
+        used = _free(cycle, stmt, i, shape, by_node[i], may_take, move_off, allowance, reason)
         if used is not None:
             return i, used
         stmt.rollback(checkpoint)
@@ -60,7 +62,8 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
 
 
 def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[RunningTask],
-          may_take: Callable[[RunningTask], bool], relocate: bool, allowance: int, reason: str) -> int | None:
+          may_take: Callable[[RunningTask], bool], move_off: frozenset[int] | None, allowance: int,
+          reason: str) -> int | None:
     table, ws = cycle.workspace.table, cycle.workspace
     stmt.set_schedulable(i, False)
     used = 0
@@ -70,10 +73,10 @@ def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[R
             continue
         if used >= allowance:
             return None
-        if relocate and not _move(cycle, stmt, current):
-            return None
-        if not relocate:
+        if move_off is None:
             evict_job(cycle, stmt, current.job_id, reason)
+        elif not _move(cycle, stmt, current, move_off):
+            return None
         used += 1
         if not node_fits(table.kinds[i], table.states[i].with_schedulable(True), shape):
             stmt.set_schedulable(i, True)
@@ -81,9 +84,9 @@ def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[R
     return None
 
 
-def _move(cycle: Cycle, stmt: Statement, task: RunningTask) -> bool:
+def _move(cycle: Cycle, stmt: Statement, task: RunningTask, off: frozenset[int]) -> bool:
     placer, table = cycle.framework.placer, cycle.workspace.table
-    target = placer.choose(table, task.shape, cycle.rng)
+    target = placer.choose(table, task.shape, cycle.rng, off)
     if target is None:
         return False
     stmt.move(task, target, placer.pick(table, target, task.shape, cycle.rng))

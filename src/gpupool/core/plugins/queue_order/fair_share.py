@@ -11,9 +11,9 @@ Inside a queue, higher priority first, then by `job_order`:
   jobs go first among those, which lowers the mean wait; a job without an estimate keeps its place
   by submission time.
 
-With `overdue_first`, a job whose expected end has passed while it waits (it has waited longer than its own
-estimate) goes before every job that is not overdue, whatever their priorities, overdue jobs by expected end:
-higher priority and shorter jobs may pass a job only for as long as its own estimate, so no job starves
+With `overdue_first`, a job that has waited `overdue_after` times its own estimate (1: its expected end has
+passed while it waits) is overdue and goes before every job that is not, whatever their priorities, overdue
+jobs by expected end: higher priority and shorter jobs may pass a job only for that long, so no job starves
 behind a stream of them (and each queue's reservations go to its overdue jobs first). Jobs without an
 estimate are never overdue.
 """
@@ -38,18 +38,21 @@ JOB_ORDERS = ("submitted", "expected_end")
 class FairShareQueueOrder(QueueOrderPlugin):
     name = "fair_share"
 
-    def __init__(self, job_order: str = "submitted", overdue_first: bool = False) -> None:
+    def __init__(self, job_order: str = "submitted", overdue_first: bool = False, overdue_after: float = 1.0) -> None:
         if job_order not in JOB_ORDERS:
             raise ValueError(f"fair_share: job_order must be one of {', '.join(JOB_ORDERS)}")
         if not isinstance(overdue_first, bool):
             raise ValueError("fair_share: overdue_first must be true or false")
+        if not isinstance(overdue_after, int | float) or isinstance(overdue_after, bool) or not overdue_after > 0:
+            raise ValueError("fair_share: overdue_after must be a number > 0")
         self.expected_end = job_order == "expected_end"
         self.overdue_first = overdue_first
+        self.overdue_after = float(overdue_after)
 
     def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
         estimate = job.estimate_s
         at = job.submitted_at + (estimate or 0.0) if self.expected_end else job.submitted_at
-        if self.overdue_first and estimate is not None and now >= job.submitted_at + estimate:
+        if self.overdue_first and estimate is not None and now >= job.submitted_at + self.overdue_after * estimate:
             return (False, 0, at, job.id)
         return (True, -job.priority, at, job.id)
 
