@@ -105,6 +105,16 @@ def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed
 
 
 def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
+    """Whether `job` would start now off no reservation: a lone task asks the placement engine, a gang is placed
+    in a statement that is then discarded."""
+    if len(job.tasks) == 1:
+        table, key = cycle.workspace.table, (job.tasks[0].shape, frozenset[int]())
+        if failed.get(key) == table.seq:
+            return False
+        if cycle.framework.placer.choose(table, key[0], cycle.rng) is not None:
+            return True
+        failed[key] = table.seq
+        return False
     with cycle.statement() as stmt:
         return _place_tasks(cycle, job, stmt, failed, frozenset()) is None
 
