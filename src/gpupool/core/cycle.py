@@ -7,6 +7,7 @@ restored, so the caller gets its snapshot back unchanged and applies the decisio
 
 from __future__ import annotations
 
+import gc
 import heapq
 import random
 from collections.abc import Hashable, Iterator, Mapping
@@ -142,11 +143,24 @@ class Cycle:
             self._quota_passes[(job.queue, checked)] = self.workspace.usage_seq
         return reason
 
-    def quota_reason(self, job: JobSpec) -> str:
-        """After a job's tentative placement: "" if its queues may hold it, else the first rule it breaks."""
+    def quota_reason(self, job: JobSpec, before: tuple[int, ResourceVector] | None = None) -> str:
+        """After a job's tentative placement: "" if its queues may hold it, else the first rule it breaks.
+
+        `before` is (usage_seq, the leaf's usage) just before the placement: if the quota precheck passed a charge
+        equal to the placed one (in the resources the rules read) at that usage, the placement passes too.
+        """
         if self.tree is None:
             return ""
+        if before is not None:
+            charged = self.workspace.usage.get(job.queue, ResourceVector()) - before[1]
+            checked = tuple(item for item in charged.items() if item[1] and self.tree.checks(item[0]))
+            if self._quota_passes.get((job.queue, checked)) == before[0]:
+                return ""
         return admission_after(self.tree, self.workspace.usage, job.queue, self.capacity)
+
+    def usage_mark(self, queue: str) -> tuple[int, ResourceVector]:
+        """(usage_seq, `queue`'s usage) now, for `quota_reason(job, before=...)`."""
+        return self.workspace.usage_seq, self.workspace.usage.get(queue, ResourceVector())
 
     def view(self, queue: str) -> QueueView:
         assert self.tree is not None
@@ -192,13 +206,22 @@ class Cycle:
 
 def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,
               rng: random.Random) -> CycleResult:
-    cycle = Cycle(snapshot, framework, clock, rng)
+    """Decisions for `snapshot`. Python's cyclic garbage collector is held off until the cycle returns (a full
+    collection of a large cluster's objects takes tens of ms and would otherwise land inside some cycles); the
+    cycle's garbage is collected after it, outside the decision latency."""
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        # 1. Run the profile's actions in order, least disruptive first.
-        for action in framework.actions:
-            action.execute(cycle)
+        cycle = Cycle(snapshot, framework, clock, rng)
+        try:
+            # 1. Run the profile's actions in order, least disruptive first.
+            for action in framework.actions:
+                action.execute(cycle)
+        finally:
+            # 2. Hand the snapshot back exactly as received; the caller applies the decisions.
+            cycle.workspace.restore()
+        # 3. Decisions out, plus a reason for every job still pending.
+        return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares))
     finally:
-        # 2. Hand the snapshot back exactly as received; the caller applies the decisions.
-        cycle.workspace.restore()
-    # 3. Decisions out, plus a reason for every job still pending.
-    return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares))
+        if collecting:
+            gc.enable()

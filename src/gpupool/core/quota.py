@@ -168,7 +168,9 @@ def demand_units(job: JobSpec, tree: QueueTree) -> int:
     total = 0
     for task in job.tasks:
         models = task.shape.gpu_models
-        unit = min((tree.gpu_units.get(m, DEFAULT_UNIT) for m in models), default=DEFAULT_UNIT)
+        unit = DEFAULT_UNIT
+        if models and tree.gpu_units:
+            unit = min(tree.gpu_units.get(m, DEFAULT_UNIT) for m in models)
         total += task.shape.total_gpu_milli * unit // MILLI
     return total
 

@@ -9,9 +9,10 @@ For each job the queue-order plugin hands out, in one Statement:
 3. check the job's queues may hold it (limits, borrowing, lending, guarantees);
 4. commit, or discard and record why; a blocked job that qualifies gets a reservation.
 
-Why no node fits is counted once per (shape, fence) at the end of the pass, on the nodes as the pass leaves
-them: allocating only fills nodes, so a shape that fitted nowhere still fits nowhere, and the reason a job
-shows is the one that holds after the cycle.
+Why a job did not start is told at the end of the pass, on the nodes as the pass leaves them (reservations
+alone, or why no node fits, counted once per (shape, fence)): allocating only fills nodes, so a shape that
+fitted nowhere still fits nowhere, and the reason a job shows is the one that holds after the cycle. Only a
+job about to get a reservation is checked at once, since a job held off by reservations alone gets none.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpupool.core.actions.reservations import Reservation, ReservationPlan
+from gpupool.core.actions.reservations import Reservation, ReservationPlan, blocking
 from gpupool.core.diagnostics import PendingKind, PendingReason, no_node_fits
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec, TaskShape
@@ -70,12 +71,15 @@ class AllocateAction(Action):
             if reason is None:
                 continue
             if isinstance(reason, Stuck):
-                stuck[job.id] = (job, reason)
-                if plan is not None and plan.qualifies(job):
+                if plan is not None and plan.qualifies(job):  # held off by reservations only: no reservation
+                    if reason.fenced and _fits_unfenced(cycle, job, failed):
+                        cycle.block(job, _reserved_for(blockers))
+                        continue
                     reservation = plan.reserve(job)
                     if reservation is not None:
-                        stuck.pop(job.id)
                         cycle.block(job, _waiting_for(reservation, cycle.now))
+                        continue
+                stuck[job.id] = (job, reason)
                 continue
             cycle.block(job, reason)
         _explain(cycle, stuck.values())
@@ -89,19 +93,22 @@ def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed
         return PendingReason(PendingKind.OVER_QUOTA, precheck)
     states = cycle.workspace.table.states
     fenced = frozenset(i for r in blockers for i in r.nodes if states[i].schedulable)
+    before = cycle.usage_mark(job.queue)
     with cycle.statement() as stmt:
         stuck = place_gang(cycle, job, stmt, failed, fenced)
         if stuck is None:
-            quota = cycle.quota_reason(job)
+            quota = cycle.quota_reason(job, before)
             if quota:
                 return PendingReason(PendingKind.OVER_QUOTA, quota)
             cycle.emit(job, stmt.commit())
             return None
-    if fenced and _fits_unfenced(cycle, job, failed):
-        holder = min(blockers, key=lambda r: r.start)
-        return PendingReason(PendingKind.RESERVED_FOR,
-                             f"nodes it fits on are reserved for job {holder.job_id} from t={holder.start:.0f}")
     return stuck
+
+
+def _reserved_for(blockers: list[Reservation]) -> PendingReason:
+    holder = min(blockers, key=lambda r: r.start)
+    return PendingReason(PendingKind.RESERVED_FOR,
+                         f"nodes it fits on are reserved for job {holder.job_id} from t={holder.start:.0f}")
 
 
 def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
@@ -137,10 +144,19 @@ def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
 
 
 def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
-    """Block each stuck job with why no node takes its task, counted once per (shape, fence) on the nodes now."""
+    """Block each stuck job with why no node takes it, on the nodes now: reservations alone (it fits off them), or
+    why no node takes its task, counted once per (shape, fence)."""
     placer, table = cycle.framework.placer, cycle.workspace.table
     why: dict[tuple[TaskShape, frozenset[int]], list[tuple[str, int]]] = {}
+    fits: dict[TaskShape, bool] = {}
     for job, s in stuck:
+        if s.fenced:
+            lone = len(job.tasks) == 1
+            if lone and s.shape not in fits:
+                fits[s.shape] = placer.choose(table, s.shape, cycle.rng) is not None
+            if fits[s.shape] if lone else _fits_unfenced(cycle, job, {}):
+                cycle.block(job, _reserved_for(blocking(cycle.reservations, job, cycle.now)))
+                continue
         key = (s.shape, s.fenced)
         if key not in why:
             why[key] = placer.explain(table, s.shape, s.fenced)
