@@ -82,3 +82,47 @@ def test_why_no_node_fits_is_counted_on_the_nodes_as_the_pass_leaves_them():
     result = _run(table, big, small)
     assert [d.job_id for d in result.decisions] == ["small"]
     assert result.pending["big"].details == (("insufficient CPU", 1),)
+
+
+def test_a_placement_dearer_than_the_cheapest_model_is_checked_again():
+    # the queue may hold 2 GPU units and holds 1; an A100 counts 2 units, a T4 one. The precheck passes the
+    # cheapest charge (T4: 1 unit), but only the A100 is free, where the job would hold 3 units: refused
+    from gpupool.core import QueueSpec, QueueTree, ResourceVector, scheduling_profile
+    from gpupool.core.queues import GPU_UNITS
+    from gpupool.core.testing.builders import run_on
+    tree = QueueTree([QueueSpec("q", guaranteed=ResourceVector({GPU_UNITS: 2000}),
+                                limit=ResourceVector({GPU_UNITS: 2000}))], gpu_units={"A100": 2000, "T4": 1000})
+    table = table_of(make_node("a", gpus=1, model="A100"), make_node("t", gpus=1, model="T4"))
+    running = {}
+    run_on(table, running, "t", "held/0", make_shape(1000), queue="q")
+    job = make_job("dear", make_shape(1000, models=["A100", "T4"]), queue="q")
+    framework = Framework.build(scheduling_profile("fifo", "bestfit"), default_registry())
+    result = run_cycle(ClusterSnapshot(table, (job,), running, queues=tree), framework, clock=FixedClock(0.0),
+                       rng=random.Random(0))
+    assert result.decisions == ()
+    assert result.pending["dear"].kind is PendingKind.OVER_QUOTA and "limit" in result.pending["dear"].message
+
+
+def test_garbage_collection_waits_for_the_cycle_to_end():
+    import gc
+
+    from gpupool.core.framework import Action
+    seen = []
+
+    class Probe(Action):
+        name = "probe"
+
+        def execute(self, cycle):
+            seen.append(gc.isenabled())
+
+    registry = default_registry()
+    registry.register(Probe)
+    framework = Framework.build(profile("bestfit").with_actions("probe"), registry)
+    snapshot = ClusterSnapshot(table_of(make_node("n1")), (), {})
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            run_cycle(snapshot, framework, clock=FixedClock(0.0), rng=random.Random(0))
+            assert seen[-1] is False and gc.isenabled() is enabled
+        finally:
+            gc.enable()

@@ -152,8 +152,9 @@ class Cycle:
         if self.tree is None:
             return ""
         if before is not None:
-            charged = self.workspace.usage.get(job.queue, ResourceVector()) - before[1]
-            checked = tuple(item for item in charged.items() if item[1] and self.tree.checks(item[0]))
+            prior, tree = before[1], self.tree
+            checked = tuple((r, v - prior[r]) for r, v in self.workspace.usage[job.queue].items()
+                            if v != prior[r] and tree.checks(r))
             if self._quota_passes.get((job.queue, checked)) == before[0]:
                 return ""
         return admission_after(self.tree, self.workspace.usage, job.queue, self.capacity)

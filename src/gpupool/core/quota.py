@@ -160,7 +160,7 @@ def minimal_charge(job: JobSpec, tree: QueueTree) -> ResourceVector:
                MEMORY: sum(t.shape.memory_mib for t in job.tasks)}
     if not job.preemptible and units:
         amounts[NON_PREEMPTIBLE + GPU_UNITS] = units
-    return ResourceVector({k: v for k, v in amounts.items() if v})
+    return ResourceVector._trusted({k: v for k, v in amounts.items() if v})  # sums of validated amounts
 
 
 def demand_units(job: JobSpec, tree: QueueTree) -> int:

@@ -20,6 +20,7 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits, without
@@ -134,9 +135,10 @@ class ReservationPlan:
         """(planned end, task id, node index) of every task running now on a relevant node, soonest first, read
         lazily: the snapshot's tasks sorted once per cycle, merged with the tasks this cycle placed or moved."""
         ws, now, index = self.cycle.workspace, self.cycle.now, self.cycle.workspace.table.index
-        if self._planned is None:
-            running = ws.snapshot.running.values()
-            self._planned = sorted((planned_end(t, now), t.task_id, index[t.node]) for t in running)
+        if self._planned is None:  # by planned end only: tasks ending at the same time are released together
+            self._planned = [(planned_end(t, now) if t.expected_end is None else t.expected_end, t.task_id,
+                              index[t.node]) for t in ws.snapshot.running.values()]
+            self._planned.sort(key=itemgetter(0))
         overlay = ws.overlay
         kept = (r for r in self._planned if relevant[r[2]] and r[1] not in overlay)
         fresh = sorted((planned_end(t, now), t.task_id, i) for t in overlay.values()
