@@ -118,4 +118,4 @@ class QueueTree:
             amounts[model_resource(model)] = milli
             if not preemptible:
                 amounts[NON_PREEMPTIBLE + GPU_UNITS] = amounts[GPU_UNITS]
-        return ResourceVector(amounts)
+        return ResourceVector._trusted(amounts)  # from a validated shape and shares

@@ -74,7 +74,14 @@ class ResourceVector(Mapping[str, int]):
         out = dict(self._map)
         for name, value in other.items():
             out[name] = out.get(name, 0) + value
-        return ResourceVector._trusted(out) if isinstance(other, ResourceVector) else ResourceVector(out)
+        if not isinstance(other, ResourceVector):
+            return ResourceVector(out)
+        if len(out) == len(self._items):  # no new names: keep this vector's order instead of sorting again
+            vector = ResourceVector.__new__(ResourceVector)
+            vector._items = tuple((name, out[name]) for name, _ in self._items)
+            vector._map, vector._hash = out, None
+            return vector
+        return ResourceVector._trusted(out)
 
     def __sub__(self, other: Mapping[str, int]) -> ResourceVector:
         out = dict(self._map)

@@ -148,13 +148,13 @@ def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
     why no node takes its task, counted once per (shape, fence)."""
     placer, table = cycle.framework.placer, cycle.workspace.table
     why: dict[tuple[TaskShape, frozenset[int]], list[tuple[str, int]]] = {}
-    fits: dict[TaskShape, bool] = {}
+    fits: dict[tuple[int, tuple[TaskShape, ...]], bool] = {}  # the nodes no longer change: once per gang shape
     for job, s in stuck:
         if s.fenced:
-            lone = len(job.tasks) == 1
-            if lone and s.shape not in fits:
-                fits[s.shape] = placer.choose(table, s.shape, cycle.rng) is not None
-            if fits[s.shape] if lone else _fits_unfenced(cycle, job, {}):
+            gang = (job.min_tasks, tuple(task.shape for task in job.tasks))
+            if gang not in fits:
+                fits[gang] = _fits_unfenced(cycle, job, {})
+            if fits[gang]:
                 cycle.block(job, _reserved_for(blocking(cycle.reservations, job, cycle.now)))
                 continue
         key = (s.shape, s.fenced)
