@@ -89,7 +89,10 @@ SCHEDULING_PROFILES: dict[str, tuple[str, tuple[str, ...], dict[str, dict[str, A
     "fifo": ("fifo", ("allocate",), {}),
     "priority": ("priority", ("allocate", "preempt"), {}),
     "drf": ("drf", ("allocate", "reclaim"), {}),
-    "fair-share": ("fair_share", ("allocate", "reclaim", "preempt"), {}),
+    # Enforces shares by reclaim across queues and preemption inside them; EASY reservations keep gangs from
+    # starving behind the jobs that evictions start (README replay: worst window 12.7 % instead of 13.4 %).
+    "fair-share": ("fair_share", ("allocate", "reclaim", "preempt"),
+                   {"allocate": {"backfill": "easy", "max_reservations": 2, "reserve_after_s": 7200.0}}),
     # gpupool's recommendation: fair share as an order (Slurm-style), not by eviction: queues below their
     # fair share go first; inside a queue jobs go by expected end (submission + estimate), and a job that has
     # waited a quarter of its own estimate goes before every job that has not, whatever their priorities
