@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
 
 BACKFILL_MODES = ("none", "easy", "conservative")
-#: per (shape, fence): the table position where no node took the shape
-Failed = dict[tuple[TaskShape, frozenset[int]], int]
+#: the (shape, fence) pairs no node took on the committed nodes; they stay failed for the rest of the pass, since
+#: allocating only fills nodes
+Failed = set[tuple[TaskShape, frozenset[int]]]
 DAY_S = 86_400.0
 
 
@@ -63,7 +64,7 @@ class AllocateAction(Action):
         plan = None
         if self.backfill != "none" or self.reserve_after_s is not None:
             plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
-        failed: Failed = {}
+        failed: Failed = set()
         stuck: dict[str, tuple[JobSpec, Stuck]] = {}
         for job in cycle.pending_order():
             blockers = plan.blockers(job) if plan else []
@@ -116,11 +117,11 @@ def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
     in a statement that is then discarded."""
     if len(job.tasks) == 1:
         table, key = cycle.workspace.table, (job.tasks[0].shape, frozenset[int]())
-        if failed.get(key) == table.seq:
+        if key in failed:
             return False
         if cycle.framework.placer.choose(table, key[0], cycle.rng) is not None:
             return True
-        failed[key] = table.seq
+        failed.add(key)
         return False
     with cycle.statement() as stmt:
         return _place_tasks(cycle, job, stmt, failed, frozenset()) is None
@@ -137,7 +138,7 @@ def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
     """Place `job`'s tasks in `stmt` off the `fenced` nodes; None when at least `min_tasks` are placed, else
     where it got stuck.
 
-    `failed` remembers, per (shape, fence), the table position where no node fitted, to skip identical retries.
+    `failed` holds the (shape, fence) pairs no node took on the committed nodes, to skip identical retries.
     """
     stuck = _place_tasks(cycle, job, stmt, failed, fenced)
     return None if stuck is None else Stuck(stuck[0], stuck[1], fenced)
@@ -153,7 +154,7 @@ def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
         if s.fenced:
             gang = (job.min_tasks, tuple(task.shape for task in job.tasks))
             if gang not in fits:
-                fits[gang] = _fits_unfenced(cycle, job, {})
+                fits[gang] = _fits_unfenced(cycle, job, set())
             if fits[gang]:
                 cycle.block(job, _reserved_for(blocking(cycle.reservations, job, cycle.now)))
                 continue
@@ -170,11 +171,12 @@ def _place_tasks(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
     placer, table = cycle.framework.placer, cycle.workspace.table
     for k, task in enumerate(job.tasks):
         key = (task.shape, fenced)
-        if failed.get(key) != table.seq:
+        if key not in failed:
             i = placer.choose(table, task.shape, cycle.rng, fenced)
             if i is not None:
                 stmt.allocate(job, task, i, placer.pick(table, i, task.shape, cycle.rng))
                 continue
-            failed[key] = table.seq
+            if k == 0:  # on the committed nodes (a later task fails beside its gang's tentative placements)
+                failed.add(key)
         return None if k >= job.min_tasks else (k, task.shape)
     return None
