@@ -93,3 +93,11 @@ def test_a_task_started_in_the_same_cycle_delays_a_later_reservation_to_its_plan
     assert [d.job_id for d in result.decisions] == ["small"]
     reason = result.pending["gang"]
     assert reason.kind is PendingKind.BACKFILL_WINDOW and "from t=2000" in reason.message
+
+
+def test_per_table_memos_start_again_past_their_limit():
+    from gpupool.core.actions.reservations import SHAPES_MEMO_LIMIT, _memo
+    table = table_of(make_node("n1"))
+    for k in range(3 * SHAPES_MEMO_LIMIT):
+        _memo(table, "owner")[k] = k
+        assert len(_memo(table, "owner")) <= SHAPES_MEMO_LIMIT + 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -32,6 +32,8 @@ from gpupool.core.snapshot import RunningTask
 MIN_UNKNOWN_REMAINING_S = 60.0
 #: node keys whose copy counts a shape's memo keeps before it starts again
 COPIES_MEMO_LIMIT = 100_000
+#: shapes (or sets of shapes) a per-table memo keeps before it starts again
+SHAPES_MEMO_LIMIT = 256
 
 if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
@@ -104,7 +106,7 @@ class ReservationPlan:
         table, ws, now = self.cycle.workspace.table, self.cycle.workspace, self.cycle.now
         states = list(table.states)
         shape = job.tasks[0].shape
-        relevant = _relevant_nodes(table.kinds, job)
+        relevant = _relevant_nodes(table, job)
         copies = _copies(table, relevant, shape)
         total = sum(copies)
         releases = self._releases(relevant)
@@ -174,7 +176,7 @@ def _copies(table: NodeTable, relevant: list[bool], shape: TaskShape) -> list[in
     """Per node: how many copies of `shape` its current state could take (0 on nodes not relevant); counted
     once per table key (a (kind, state) pair) and kept in the table across cycles, since a key never names
     another pair."""
-    by_key = table.derived.setdefault((_copies, shape), {})
+    by_key = _memo(table, _copies).setdefault(shape, {})
     assert isinstance(by_key, dict)
     if len(by_key) > COPIES_MEMO_LIMIT:
         by_key.clear()
@@ -190,11 +192,27 @@ def _copies(table: NodeTable, relevant: list[bool], shape: TaskShape) -> list[in
     return copies
 
 
-def _relevant_nodes(kinds: tuple[NodeKind, ...], job: JobSpec) -> list[bool]:
-    """Per node: could it take one of the job's mandatory shapes were it empty? Only these nodes matter."""
-    shapes = {task.shape for task in job.tasks[: job.min_tasks]}
-    by_kind = {kind: any(copies_fit(kind, NodeState.empty(kind), s) for s in shapes) for kind in set(kinds)}
-    return [by_kind[kind] for kind in kinds]
+def _relevant_nodes(table: NodeTable, job: JobSpec) -> list[bool]:
+    """Per node: could it take one of the job's mandatory shapes were it empty? Only these nodes matter. Kept in
+    the table per set of shapes (a table's node kinds never change)."""
+    shapes = frozenset(task.shape for task in job.tasks[: job.min_tasks])
+    memo = _memo(table, _relevant_nodes)
+    if shapes not in memo:
+        kinds = table.kinds
+        by_kind = {kind: any(copies_fit(kind, NodeState.empty(kind), s) for s in shapes) for kind in set(kinds)}
+        memo[shapes] = [by_kind[kind] for kind in kinds]
+    relevant = memo[shapes]
+    assert isinstance(relevant, list)
+    return relevant
+
+
+def _memo(table: NodeTable, owner: object) -> dict[Hashable, object]:
+    """`owner`'s memo in the table, per shape or set of shapes, started again past `SHAPES_MEMO_LIMIT` of them."""
+    memo = table.derived.setdefault(owner, {})
+    assert isinstance(memo, dict)
+    if len(memo) > SHAPES_MEMO_LIMIT:
+        memo.clear()
+    return memo
 
 
 def planned_end(task: RunningTask, now: float) -> float:
