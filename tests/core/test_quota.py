@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.core import QueueSpec, QueueTree, ResourceVector
 from gpupool.core.queues import GPU_UNITS
-from gpupool.core.quota import admission_reason
+from gpupool.core.quota import add_usage, admission_reason, headroom
 
 G = GPU_UNITS
 
@@ -82,3 +84,33 @@ def test_fair_share_is_capped_by_what_the_queue_may_hold():
     pending = [make_job(f"{q}{k}", make_shape(1000), queue=q) for q in "abc" for k in range(10)]
     shares = fair_shares(tree, {}, pending, 12_000)
     assert shares == {"a": 3000, "b": 4000, "c": 5000}
+
+
+def _opt(draw_value):
+    return None if draw_value is None else rv(gpu=draw_value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.one_of(st.none(), st.integers(0, 16)),
+                          st.one_of(st.none(), st.integers(0, 8)), st.one_of(st.none(), st.integers(0, 8))),
+                min_size=5, max_size=5),
+       st.lists(st.integers(0, 12), min_size=3, max_size=3), st.integers(0, 40), st.sampled_from(["a1", "a2", "b1"]),
+       st.sampled_from(["a1", "a2", "b1"]), st.integers(0, 6))
+def test_the_headroom_is_exactly_what_admission_allows(rules, leaf_usage, cluster_gpus, leaf, other, extra):
+    # research (a1, a2) and product (b1) under the cluster; each queue draws (guaranteed, limit, borrow, lend)
+    names, parents = ["a", "b", "a1", "a2", "b1"], [None, None, "a", "a", "b"]
+    tree = QueueTree([QueueSpec(n, parent=p, guaranteed=rv(gpu=g), limit=_opt(lim), borrow_limit=_opt(bor),
+                                lend_limit=_opt(lend))
+                      for n, p, (g, lim, bor, lend) in zip(names, parents, rules, strict=True)])
+    used = {}
+    for name, amount in zip(["a1", "a2", "b1"], leaf_usage, strict=True):
+        add_usage(used, tree, name, rv(gpu=amount))
+    cluster = rv(gpu=cluster_gpus)
+    room = headroom(tree, used, leaf, cluster)[G]
+    if room >= 0:
+        assert admission_reason(tree, used, leaf, rv(gpu=room), cluster) == ""
+    assert admission_reason(tree, used, leaf, rv(gpu=max(0, room + 1)), cluster) != ""
+    # any queue taking `extra` more shrinks the room by at most `extra`; giving it back never shrinks it
+    grown = dict(used)
+    add_usage(grown, tree, other, rv(gpu=extra))
+    assert room - extra <= headroom(tree, grown, leaf, cluster)[G] <= room

@@ -20,7 +20,7 @@ from gpupool.core.diagnostics import PendingReason
 from gpupool.core.model import JobSpec
 from gpupool.core.profile import Framework
 from gpupool.core.queues import GPU_UNITS, QueueTree, model_resource
-from gpupool.core.quota import admission_after, admission_reason, fair_shares, minimal_charge
+from gpupool.core.quota import admission_after, admission_reason, fair_shares, headroom, minimal_charge
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot
 from gpupool.core.statement import Statement, Workspace
@@ -102,6 +102,8 @@ class Cycle:
         self.reservations: list[Reservation] = []
         self._quota_failures: dict[str, list[tuple[tuple[tuple[str, int], ...], str]]] = {}
         self._quota_passes: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
+        #: per leaf: its admission headroom when last computed, and `Workspace.growth` then
+        self._rooms: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         self._queue_keys: dict[str, tuple[int, tuple[Hashable, ...]]] = {}
         if self.tree is not None:
             self.fair_shares = fair_shares(self.tree, self.workspace.usage, snapshot.pending,
@@ -131,7 +133,7 @@ class Cycle:
             return ""
         charge = minimal_charge(job, self.tree)
         checked = tuple(item for item in charge.items() if self.tree.checks(item[0]))
-        if self._quota_passes.get((job.queue, checked)) == self.workspace.usage_seq:
+        if self._quota_passes.get((job.queue, checked)) == self.workspace.usage_seq or self._within_room(job, charge):
             return ""
         for failed, reason in self._quota_failures.get(job.queue, []):
             if all(charge[r] >= v for r, v in failed):
@@ -141,7 +143,18 @@ class Cycle:
             self._quota_failures.setdefault(job.queue, []).append((checked, reason))
         else:
             self._quota_passes[(job.queue, checked)] = self.workspace.usage_seq
+            self._rooms[job.queue] = (headroom(self.tree, self.workspace.usage, job.queue, self.capacity),
+                                      dict(self.workspace.growth))
         return reason
+
+    def _within_room(self, job: JobSpec, charge: ResourceVector) -> bool:
+        """Whether `charge` fits the queue's headroom as last computed, less all usage added since (a bound)."""
+        entry = self._rooms.get(job.queue)
+        if entry is None:
+            return False
+        room, grown_then = entry
+        growth = self.workspace.growth
+        return all(charge[r] <= left - growth.get(r, 0) + grown_then.get(r, 0) for r, left in room.items())
 
     def quota_reason(self, job: JobSpec, before: tuple[int, ResourceVector] | None = None) -> str:
         """After a job's tentative placement: "" if its queues may hold it, else the first rule it breaks.

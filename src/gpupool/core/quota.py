@@ -147,6 +147,38 @@ def admission_reason(tree: QueueTree, used: Mapping[str, ResourceVector], queue:
     return ""
 
 
+def headroom(tree: QueueTree, used: Mapping[str, ResourceVector], queue: str,
+             cluster: ResourceVector) -> dict[str, int]:
+    """Per resource the admission rules read: the most leaf `queue` could take on top of `used` with every rule
+    still kept (negative when one is already broken). A charge within it on every resource is admitted
+    (`admission_reason` gives ""); each rule's room shrinks by at most what any queue's usage grows."""
+    if queue not in tree.specs or not tree.is_leaf(queue):
+        raise ValueError(f"unknown leaf queue {queue!r}")
+    resources = sorted(r for r in {*tree.constrained, NON_PREEMPTIBLE + GPU_UNITS} if tree.checks(r))
+    return {r: min(_level_room(tree, name, used, r, cluster) for name in tree.paths[queue]) for r in resources}
+
+
+def _level_room(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
+                cluster: ResourceVector) -> int:
+    """The most queue `name` could take of `resource` before `_level_reason` names a rule."""
+    mine = used.get(name, _NONE)[resource]
+    if resource.startswith(NON_PREEMPTIBLE):
+        return tree.specs[name].guaranteed[resource.removeprefix(NON_PREEMPTIBLE)] - mine
+    rule = _rule(tree, name, resource)
+    level, kept = mine, 0
+    for sibling, guaranteed, lend in rule.siblings:
+        theirs = used.get(sibling, _NONE)[resource]
+        level += theirs
+        if lend is not None:
+            kept += max(0, max(0, guaranteed - theirs) - lend)
+    room = rule.capacity(cluster, resource) - level - kept
+    if rule.limit is not None:
+        room = min(room, rule.limit - mine)
+    if rule.borrow is not None:
+        room = min(room, rule.guaranteed + rule.borrow - mine)
+    return room
+
+
 def admission_after(tree: QueueTree, after: Mapping[str, ResourceVector], queue: str,
                     cluster: ResourceVector) -> str:
     """The admission rules on usage that already includes the new job (every resource in use)."""

@@ -43,6 +43,9 @@ class Workspace:
         self.usage: dict[str, ResourceVector] = {}
         #: bumped by every change to `usage` (undone ones too): equal values mean equal usage
         self.usage_seq = 0
+        #: per resource, all the usage ever added in this cycle (never lowered): no queue's admission room
+        #: shrinks by more than this grows (`quota.headroom`)
+        self.growth: dict[str, int] = {}
         if self.tree is not None and snapshot.queue_usage is not None:
             self.usage = dict(snapshot.queue_usage)
         elif self.tree is not None:
@@ -63,7 +66,11 @@ class Workspace:
         for name in self.tree.paths[task.queue]:
             self.journal.append((_USAGE, name, self.usage.get(name, _ABSENT)))
         self.usage_seq += 1
-        add_usage(self.usage, self.tree, task.queue, self.charge_of(task), sign)
+        charge = self.charge_of(task)
+        add_usage(self.usage, self.tree, task.queue, charge, sign)
+        if sign > 0:
+            for resource, amount in charge.items():
+                self.growth[resource] = self.growth.get(resource, 0) + amount
 
     def running(self, task_id: str) -> RunningTask | None:
         """A task running as of now in this cycle (placed or moved here, or running and not evicted)."""
