@@ -133,7 +133,9 @@ class Cycle:
             return ""
         charge = minimal_charge(job, self.tree)
         checked = tuple(item for item in charge.items() if self.tree.checks(item[0]))
-        if self._quota_passes.get((job.queue, checked)) == self.workspace.usage_seq or self._within_room(job, charge):
+        seq = self.workspace.usage_seq
+        if self._quota_passes.get((job.queue, checked)) == seq or self._within_room(job, charge):
+            self._quota_passes[(job.queue, checked)] = seq
             return ""
         for failed, reason in self._quota_failures.get(job.queue, []):
             if all(charge[r] >= v for r, v in failed):
@@ -142,7 +144,7 @@ class Cycle:
         if reason:
             self._quota_failures.setdefault(job.queue, []).append((checked, reason))
         else:
-            self._quota_passes[(job.queue, checked)] = self.workspace.usage_seq
+            self._quota_passes[(job.queue, checked)] = seq
             self._rooms[job.queue] = (headroom(self.tree, self.workspace.usage, job.queue, self.capacity),
                                       dict(self.workspace.growth))
         return reason
