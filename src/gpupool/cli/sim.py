@@ -197,7 +197,9 @@ def replay(
     sample_s: float = typer.Option(3600.0, min=1.0, help="cluster sample period in simulated seconds"),
     jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="parallel processes"),
     timing: bool = typer.Option(True, help="record cycle latency and decisions/s (wall clock)"),
-    consolidate: bool = typer.Option(False, help="move preemptible/checkpointable tasks to start blocked jobs"),
+    consolidate: bool = typer.Option(False, help=(
+        "move tasks to start blocked jobs, right after allocate: checkpointable ones resume; a job that cannot "
+        "checkpoint starts over, so only tasks in their first 10 min move")),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
     queues: Path | None = typer.Option(None, help="queue tree YAML (see README); enables quotas and fair share"),
