@@ -229,7 +229,7 @@ def _run_placed_jobs(w: World) -> None:
     def frame(kind: str, **fields: Any) -> str:
         return json.dumps({"type": kind, "boot_id": "boot", "seq": next(seq), **fields})
 
-    with connect(channel_url(w.server.url), proxy=None, ssl=w.agent_tls,
+    with connect(channel_url(w.server.url), proxy=None, ssl=w.agent_tls, open_timeout=30,
                  additional_headers={"Authorization": f"Bearer {w.agent}"}) as ws:
         ws.send(frame("hello", running=[]))
         launches: dict[str, dict[str, Any]] = {}

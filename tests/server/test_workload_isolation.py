@@ -89,7 +89,7 @@ def test_a_reconnecting_agent_updates_the_verdict_in_its_hello(server: Server) -
         assert settled(c, image_job)["state"] == "pending"
         for seq, (verdict, want) in enumerate(((None, False), (True, True), (False, False)), start=1):
             hello = {"type": "hello", "boot_id": "boot", "seq": seq, "running": []}
-            with connect(channel_url(server.url), proxy=None, ssl=tls.context(reply),
+            with connect(channel_url(server.url), proxy=None, ssl=tls.context(reply), open_timeout=30,
                          additional_headers={"Authorization": f"Bearer {reply['credential']}"}) as ws:
                 ws.send(json.dumps(hello if verdict is None else {**hello, "untrusted_images": verdict}))
                 while json.loads(ws.recv(timeout=30)) != {"type": "ack", "seq": seq}:
