@@ -39,7 +39,7 @@ system-deps:
 	  echo "Chromium is missing: the dashboard tests will be skipped"
 
 test: lint system-deps
-	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 -p no:cacheprovider
+	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 --dist worksteal -p no:cacheprovider
 
 # Reliability soak (RELIABILITY.md §3.1, full counts: T1 100 kills / 500 jobs on SQLite and PostgreSQL, every
 # migration kill point, longer disk-full holds) and the security tests of §3.2 that print figure lines. Every figure

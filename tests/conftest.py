@@ -78,3 +78,12 @@ class S8Book:
 def s8(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> S8Book:
     folder = session_folder(tmp_path_factory.getbasetemp(), worker_id, "s8-parts")
     return S8Book(Parts(folder, [part for parts in S8_CASES.values() for part in parts]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first, each module's tests kept together and in order: under xdist the long
+    end-to-end tests then start early and the many short ones fill in at the end, instead of one long test
+    running alone while the other worker has nothing left."""
+    slow = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in slow)

@@ -65,8 +65,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         stop_live(live)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
+    """Per module: Playwright's sync API holds an event loop on this thread while it is open, and tests of other
+    modules run `asyncio.run` on the same worker."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
         yield browser

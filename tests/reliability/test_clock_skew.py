@@ -8,7 +8,8 @@ A control plane (SQLite) and three real agents whose wall clocks are off by -10 
   clock (the handshake's Date header), so each skewed node runs its jobs on the first attempt (without the
   correction, the nodes ahead by 10 min and 1 h refuse every order as expired).
 * Billing runs on the control plane's receipt times: each job's billed interval matches what its workload really
-  ran (its marker file, one host clock) within the report latency, one heartbeat plus one workload poll.
+  ran (its marker file, one host clock) within the report latency, one heartbeat plus one workload poll, plus the
+  workload's own start (a Python interpreter's, before its first stamp; up to a quarter second on a loaded host).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ H = float(SCALED["GPUPOOL_HEARTBEAT_S"])
 TICK_S = 0.5  # the agent's workload poll (ChannelConfig.tick_s)
 SKEWS = {"skew-minus-10m": -600.0, "skew-plus-10m": 600.0, "skew-plus-1h": 3600.0}
 JOB_S = 2.0
+START_S = 0.25  # the marker workload's interpreter start, billed but before its first stamp
 
 
 @pytest.fixture
@@ -83,4 +85,4 @@ def test_t4_skewed_agents_are_not_lost_run_first_time_and_bill_within_a_heartbea
            f"(H={H:g}s, poll={TICK_S:g}s)")
     assert lost == 0 and all(nodes[n]["state"] == "ready" for n in SKEWS), nodes
     assert [j["state"] for j in finished] == ["succeeded"] * len(jobs) and {j["attempt"] for j in finished} == {1}
-    assert worst <= H + TICK_S, errors
+    assert worst <= H + TICK_S + START_S, errors

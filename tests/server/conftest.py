@@ -28,13 +28,26 @@ def postgres() -> Iterator[Postgres]:
         yield pg
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
-    """A fresh control plane per test, on SQLite and on PostgreSQL."""
+def _start(request: pytest.FixtureRequest, data_dir: Path) -> Server:
     url = None
     if request.param == "postgres":
         pg: Postgres = request.getfixturevalue("postgres")
         url = pg.create_database(f"t{os.getpid()}_{free_port()}")
-    srv = start_server(tmp_path / "data", url)
+    return start_server(data_dir, url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """A fresh control plane per test, on SQLite and on PostgreSQL."""
+    srv = _start(request, tmp_path / "data")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def shared_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One control plane per test module and backend, for tests whose assertions hold whatever other tests of the
+    module added (each looks only at what it made itself). A start costs seconds; most API checks take milliseconds."""
+    srv = _start(request, tmp_path_factory.mktemp("shared") / "data")
     yield srv
     stop_server(srv)

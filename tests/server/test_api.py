@@ -1,4 +1,7 @@
-"""The public API over real HTTP on loopback, on SQLite and on PostgreSQL (the same tests)."""
+"""The public API over real HTTP on loopback, on SQLite and on PostgreSQL (the same tests).
+
+Tests that need an empty control plane take `server` (a fresh one each); the others share one per backend
+(`shared_server`) and look only at what they made."""
 
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ def test_fresh_server_has_a_default_org_project_queue_and_operator(server):
         assert [p["name"] for p in c.get("/projects").json()] == ["default"]
 
 
-def test_submit_list_show_cancel_and_events(server):
-    with server.client() as c:
+def test_submit_list_show_cancel_and_events(shared_server):
+    with shared_server.client() as c:
         job = c.post("/jobs", json={"command": ["sleep", "1"], "gpus": "0.5", "tags": {"cost-centre": "cc1"}})
         assert job.status_code == 201, job.text
         job_id = job.json()["id"]
         assert c.get("/jobs", params={"tag": "cost-centre=cc1"}).json()["items"][0]["id"] == job_id
+        refused = c.get("/jobs", params={"tag": 'a"b=v'})
+        assert refused.status_code == 422 and "tag" in refused.text
         assert c.get(f"/jobs/{job_id}").json()["state"] == "pending"
         assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
         kinds = [e["kind"] for e in c.get(f"/jobs/{job_id}/events").json()]
@@ -39,15 +44,15 @@ def test_why_pending_names_the_missing_nodes(server):
         assert why["kind"] == "no_node_fits" and "0/0 nodes" in why["message"]
 
 
-def test_idempotency_key_returns_the_same_job_and_refuses_a_different_body(server):
-    with server.client() as c:
-        body = {"command": ["echo", "x"], "gpus": "1"}
+def test_idempotency_key_returns_the_same_job_and_refuses_a_different_body(shared_server):
+    with shared_server.client() as c:
+        body = {"command": ["echo", "x"], "gpus": "1", "tags": {"test": "idempotency"}}
         first = c.post("/jobs", json=body, headers={"Idempotency-Key": "k1"}).json()
         again = c.post("/jobs", json=body, headers={"Idempotency-Key": "k1"}).json()
         assert first["id"] == again["id"]
         other = c.post("/jobs", json={**body, "gpus": "2"}, headers={"Idempotency-Key": "k1"})
         assert other.status_code == 422 and "Idempotency-Key" in other.text
-        assert len(c.get("/jobs").json()["items"]) == 1
+        assert len(c.get("/jobs", params={"tag": "test=idempotency"}).json()["items"]) == 1
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -55,20 +60,25 @@ def test_idempotency_key_returns_the_same_job_and_refuses_a_different_body(serve
     ({"command": ["x"], "gpus": "1.5"}, "gpus"), ({"command": ["x"], "colour": "red"}, "colour"),
     ({"command": ["x"], "tasks": 0}, "tasks"), ({"command": ["x"], "env": {"1BAD": "v"}}, "env"),
     ({"command": ["x"], "queue": "nope"}, "queue"), ({"command": ["x"], "tasks": 2, "min_tasks": 3}, "min_tasks"),
+    ({"command": ["x"], "tags": {'a"b': "v"}}, "tags"), ({"command": ["x"], "tags": {"k": "v" * 257}}, "tags"),
 ], ids=["gpus not a 10% step", "empty command", "fractional multi-GPU", "unknown field", "zero tasks",
-        "bad env name", "unknown queue", "min above tasks"])
-def test_bad_job_fields_get_a_4xx_naming_the_field(server, body, field):
-    with server.client() as c:
+        "bad env name", "unknown queue", "min above tasks", "tag key not a label key", "tag value too long"])
+def test_bad_job_fields_get_a_4xx_naming_the_field(shared_server, body, field):
+    with shared_server.client() as c:
         response = c.post("/jobs", json=body)
     assert 400 <= response.status_code < 500 and field in response.text
 
 
-def test_cursor_pagination_walks_every_job_once(server):
-    with server.client() as c:
-        ids = {c.post("/jobs", json={"command": ["true"], "gpus": "0.1"}).json()["id"] for _ in range(7)}
+def test_cursor_pagination_walks_every_job_once(shared_server):
+    """Pages of a filtered listing: the other tests' jobs on the shared server are skipped, never shown."""
+    with shared_server.client() as c:
+        body = {"command": ["true"], "gpus": "0.1", "tags": {"suite.test/pages": "yes"}}
+        ids = {c.post("/jobs", json=body).json()["id"] for _ in range(7)}
+        c.post("/jobs", json={"command": ["true"], "gpus": "0.1"})
         seen, cursor = [], None
         while True:
-            page = c.get("/jobs", params={"limit": 3, **({"cursor": cursor} if cursor else {})}).json()
+            query = {"limit": 3, "tag": "suite.test/pages=yes", **({"cursor": cursor} if cursor else {})}
+            page = c.get("/jobs", params=query).json()
             seen += [j["id"] for j in page["items"]]
             cursor = page["next_cursor"]
             if cursor is None:
@@ -76,20 +86,20 @@ def test_cursor_pagination_walks_every_job_once(server):
         assert sorted(seen) == sorted(ids)
 
 
-def test_tokens_are_shown_once_listed_by_prefix_and_revocable(server):
-    with server.client() as c:
+def test_tokens_are_shown_once_listed_by_prefix_and_revocable(shared_server):
+    with shared_server.client() as c:
         made = c.post("/tokens", json={"name": "ci"}).json()
         assert made["token"].startswith(f"gp_{made['prefix']}_")
         listed = [t for t in c.get("/tokens").json() if t["id"] == made["id"]]
         assert listed and listed[0]["token"] is None
-        with server.client(made["token"]) as mine:
+        with shared_server.client(made["token"]) as mine:
             assert mine.get("/whoami").status_code == 200
             assert c.delete(f"/tokens/{made['id']}").status_code == 204
             assert mine.get("/whoami").status_code == 401
 
 
-def test_queue_approval_threshold_holds_big_jobs_for_an_admin(server):
-    with server.client() as c:
+def test_queue_approval_threshold_holds_big_jobs_for_an_admin(shared_server):
+    with shared_server.client() as c:
         assert c.post("/queues", json={"name": "gated", "approval_above_gpus": "2"}).status_code == 201
         small = c.post("/jobs", json={"command": ["true"], "gpus": "1", "queue": "gated"}).json()
         big = c.post("/jobs", json={"command": ["true"], "gpus": "4", "queue": "gated"}).json()
@@ -100,18 +110,18 @@ def test_queue_approval_threshold_holds_big_jobs_for_an_admin(server):
         assert kinds == ["submitted", "approved"]
 
 
-def test_metrics_expose_the_cluster_figures(server):
+def test_metrics_expose_the_cluster_figures(shared_server):
     import httpx
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{shared_server.url}/metrics").text
     for name in ("gpupool_gpu_allocation_ratio", "gpupool_gpu_fragmentation_ratio",
                  "gpupool_scheduler_cycle_seconds", "gpupool_scheduler_decisions_total"):
         assert name in text
 
 
-def test_requests_without_a_valid_token_are_refused(server):
+def test_requests_without_a_valid_token_are_refused(shared_server):
     import httpx
-    assert httpx.get(f"{server.url}/api/v1/jobs").status_code == 401
-    assert httpx.get(f"{server.url}/api/v1/jobs", headers={"Authorization": "Bearer gp_x_y"}).status_code == 401
+    assert httpx.get(f"{shared_server.url}/api/v1/jobs").status_code == 401
+    assert httpx.get(f"{shared_server.url}/api/v1/jobs", headers={"Authorization": "Bearer gp_x_y"}).status_code == 401
 
 
 def _register_node(server, name="n1", gpus=1):

@@ -109,6 +109,7 @@ def _auth_probes(server: Server, spec: dict[str, Any]) -> tuple[int, list[str]]:
     return probes, accepted
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SCHEMATHESIS.exists(), reason="schemathesis is not installed in this environment")
 def test_schemathesis_finds_no_server_error(fuzzed: Server, tmp_path: Path) -> None:
     """Every operation, about 20 generated requests each plus schemathesis' coverage cases, and no 5xx.

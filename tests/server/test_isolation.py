@@ -626,7 +626,7 @@ def test_only_a_node_credential_opens_the_agent_channel(world: World) -> None:
     for token, status in ((world.b.tokens["tenant-admin"], 403), (world.server.token, 403),
                           ("gp_0000000000_forged", 401)):
         with pytest.raises(InvalidStatus) as refused:
-            connect(url, proxy=None, ssl=world.agent_tls,
+            connect(url, proxy=None, ssl=world.agent_tls, open_timeout=30,
                     additional_headers={"Authorization": f"Bearer {token}"}).close()
         assert refused.value.response.status_code == status
 

@@ -71,7 +71,8 @@ def submit(
     env: list[str] = typer.Option([], help="KEY=VALUE (repeatable)"), workdir: str | None = typer.Option(None),
     priority: int = typer.Option(0), preemptible: bool = typer.Option(True),
     limit: str | None = typer.Option(None, help="runtime limit: 90, 30m, 2h, 1d"),
-    tag: list[str] = typer.Option([], help="KEY=VALUE (repeatable), e.g. cost-centre=cc42"),
+    tag: list[str] = typer.Option([], help="KEY=VALUE (repeatable), e.g. cost-centre=cc42; KEY as a Kubernetes "
+                                  "label key (letters, digits, . _ / -), VALUE up to 256 characters"),
     secret_env: list[str] = typer.Option([], help="NAME=VALUE, or NAME to take the value from this shell's "
                                                   "environment (repeatable): stored encrypted, never shown again"),
     idempotency_key: str | None = typer.Option(None, help="retry-safe submission key (default: random)"),

@@ -36,6 +36,12 @@ def _as_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+#: a job tag's key, as a Kubernetes label key is (`cost-centre`, `team.vision/owner`); its value, any short text
+TAG_KEY = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+TagKey = Annotated[str, Field(pattern=TAG_KEY)]
+TagValue = Annotated[str, Field(max_length=256)]
+TAG_FILTER = TAG_KEY[:-1] + "=.{0,256}$"  # KEY=VALUE
+
 #: every time the API answers with
 UtcTime = Annotated[datetime, AfterValidator(_as_utc)]
 
@@ -281,7 +287,7 @@ class JobCreate(_Request):
     priority: int = Field(default=0, ge=-1000, le=1000)
     preemptible: bool = True
     runtime_limit_s: int | None = Field(default=None, ge=1, le=366 * 86400)
-    tags: dict[str, str] = Field(default_factory=dict, max_length=32)
+    tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=32)
     secret_env: dict[str, str] = Field(
         default_factory=dict, max_length=64,
         description="environment variables stored encrypted and given only to the job's tasks; never shown again")

@@ -153,7 +153,7 @@ def _check_registry(image: str | None, allow: str) -> None:
 def list_jobs(who: Caller, db: Db, state: Annotated[str | None, Query(max_length=24)] = None,
               queue: Annotated[str | None, Query(max_length=64)] = None,
               project: Annotated[str | None, Query(max_length=64)] = None,
-              tag: Annotated[str | None, Query(max_length=200, pattern=r"^[^=]+=.*$")] = None,
+              tag: Annotated[str | None, Query(pattern=api.TAG_FILTER)] = None,
               cursor: Annotated[str | None, Query(max_length=64)] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50) -> api.JobPage:
     if state is not None and state not in api.JOB_STATES:

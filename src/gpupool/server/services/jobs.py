@@ -218,12 +218,12 @@ def list_jobs(session: Session, principal: Principal, state: str | None, queue: 
         query = query.where(Job.queue == queue)
     if project:
         query = query.where(Job.project_id.in_(select(Project.id).where(Project.name == project)))
+    if tag:
+        key, _, value = tag.partition("=")
+        query = query.where(Job.tags[key].as_string() == value)  # in SQL: a page is `limit` matching jobs
     if cursor:
         query = query.where(Job.seq < _decode_cursor(cursor))
     rows = list(session.scalars(query.limit(limit + 1)))
-    if tag:
-        key, _, value = tag.partition("=")
-        rows = [r for r in rows if r.tags.get(key) == value]
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = base64.urlsafe_b64encode(str(rows[-1].seq).encode()).decode() if more and rows else None
