@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -24,6 +25,9 @@ from gpupool.server.settings import Settings
 
 log = logging.getLogger(__name__)
 CHANNEL_PATH = "/api/v1/agent/channel"
+#: how long the listener gives an opening handshake (TLS, HTTP upgrade, admission) before dropping it; a loaded
+#: control plane finishes a handshake it has begun rather than making the agent start again
+HANDSHAKE_S = 30
 
 
 class AgentListener:
@@ -35,13 +39,16 @@ class AgentListener:
         self.port = 0
         self._server: Server | None = None
         self._admitted: weakref.WeakKeyDictionary[ServerConnection, tuple[str, str]] = weakref.WeakKeyDictionary()
+        # admissions read the database on threads of their own: behind the shared default pool (busy with frames
+        # and the monitor's passes), a reconnecting agent's handshake could outwait its timeout
+        self._admitter = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpupool-admit")
 
     async def start(self) -> int:
         settings = self.settings
         context = await asyncio.to_thread(self.hub.ca.server_context, settings.host, settings.agent_tls_names)
         self._server = await serve(self._serve, settings.host, settings.channel_port, ssl=context,
                                    process_request=self._admit, max_size=MAX_FRAME_BYTES, ping_interval=20,
-                                   ping_timeout=20, server_header=None)
+                                   ping_timeout=20, server_header=None, open_timeout=HANDSHAKE_S)
         self.port = self.hub.agent_port = self._server.sockets[0].getsockname()[1]
         log.info("agent channel on wss://%s:%d%s (CA %s)", settings.host, self.port, CHANNEL_PATH, self.hub.ca.hash)
         return self.port
@@ -50,6 +57,7 @@ class AgentListener:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        self._admitter.shutdown(wait=False)
 
     async def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
         if urlsplit(request.path).path != CHANNEL_PATH:
@@ -58,7 +66,8 @@ class AgentListener:
         certificate = tls.getpeercert(binary_form=True) if tls is not None else None
         token = request.headers.get("Authorization", "").partition(" ")[2].strip()
         try:
-            self._admitted[connection] = await asyncio.to_thread(self.hub.admit, token, certificate)
+            self._admitted[connection] = await asyncio.get_running_loop().run_in_executor(
+                self._admitter, self.hub.admit, token, certificate)
         except Refused as refused:
             return connection.respond(refused.status, refused.reason + "\n")
         return None
