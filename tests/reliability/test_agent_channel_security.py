@@ -56,7 +56,7 @@ from websockets.sync.client import ClientConnection, connect
 from gpupool.agent.tls import ChannelTls
 from gpupool.devtools.figures import figure
 from gpupool.devtools.hand_tls import HandTls, channel_url
-from gpupool.devtools.harness import free_port
+from gpupool.devtools.harness import Server, free_port, record_stall
 from gpupool.protocol.agent import MAX_FRAME_BYTES, Launch, Stop
 from gpupool.protocol.signing import OrderSigner, OrderVerifier, key_hash
 from gpupool.server.agent_ca import AgentCA
@@ -660,8 +660,8 @@ FRAMES = st.one_of(
 class FuzzChannel:
     """A node's channel that is re-opened whenever a frame made the control plane close it."""
 
-    def __init__(self, url: str, credential: str) -> None:
-        self.url, self.credential = url, credential
+    def __init__(self, server: Server, credential: str) -> None:
+        self.server, self.url, self.credential = server, server.url, credential
         self.hand: Hand | None = None
         self.closed = 0
         self.probes = itertools.count(10**12)
@@ -700,14 +700,15 @@ class FuzzChannel:
         try:
             self.hand = Hand(self.url, self.credential)
         except (TimeoutError, InvalidMessage):
-            print(f"channel handshake unanswered on {self.url}; opening again")
+            print(f"channel handshake unanswered; opening again ({record_stall(self.server, 'handshake')})")
             self.hand = Hand(self.url, self.credential)
 
 
 @pytest.fixture(scope="module")
 def fuzzed(cluster: Cluster) -> Iterator[tuple[FuzzChannel, HandNode]]:
     node, bystander = hand_node(cluster, gpus=0), hand_node(cluster, gpus=0)
-    channel = FuzzChannel(cluster.url, node.credential)
+    assert cluster.server is not None
+    channel = FuzzChannel(cluster.server, node.credential)
     yield channel, bystander
     if channel.hand is not None:
         channel.hand.close()

@@ -21,7 +21,7 @@ from websockets.exceptions import InvalidMessage
 from websockets.sync.client import connect
 
 from gpupool.devtools.hand_tls import HandTls, channel_url
-from gpupool.devtools.harness import Server
+from gpupool.devtools.harness import Server, record_stall
 
 IMAGE = "registry.example.com/team/train:1.0"
 
@@ -133,5 +133,5 @@ def _open(server: Server, context: Any, credential: str) -> Any:
         except (TimeoutError, InvalidMessage):
             if attempt == 2:
                 raise
-            print(f"channel handshake unanswered for 30 s on {server.url}; opening again")
+            print(f"channel handshake unanswered for 30 s; opening again ({record_stall(server, 'handshake')})")
     raise AssertionError("unreachable")

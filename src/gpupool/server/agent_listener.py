@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -28,6 +29,8 @@ CHANNEL_PATH = "/api/v1/agent/channel"
 #: how long the listener gives an opening handshake (TLS, HTTP upgrade, admission) before dropping it; a loaded
 #: control plane finishes a handshake it has begun rather than making the agent start again
 HANDSHAKE_S = 30
+#: an admission slower than this is logged with the database pool's state
+SLOW_ADMISSION_S = 2.0
 
 
 class AgentListener:
@@ -65,11 +68,15 @@ class AgentListener:
         tls = connection.transport.get_extra_info("ssl_object")
         certificate = tls.getpeercert(binary_form=True) if tls is not None else None
         token = request.headers.get("Authorization", "").partition(" ")[2].strip()
+        began = time.monotonic()
         try:
             self._admitted[connection] = await asyncio.get_running_loop().run_in_executor(
                 self._admitter, self.hub.admit, token, certificate)
         except Refused as refused:
             return connection.respond(refused.status, refused.reason + "\n")
+        finally:
+            if (took := time.monotonic() - began) > SLOW_ADMISSION_S:
+                log.warning("channel admission took %.1f s (database pool: %s)", took, self.hub.db.engine.pool.status())
         return None
 
     async def _serve(self, connection: ServerConnection) -> None:
