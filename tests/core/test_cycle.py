@@ -103,6 +103,24 @@ def test_a_placement_dearer_than_the_cheapest_model_is_checked_again():
     assert result.pending["dear"].kind is PendingKind.OVER_QUOTA and "limit" in result.pending["dear"].message
 
 
+def test_the_quota_precheck_tells_preemptible_from_non_preemptible_jobs_of_one_shape():
+    # minimal charges are remembered per (preemptible, shapes) on the tree: a non-preemptible job must fit the
+    # guarantee (0 here), a preemptible one of the same shape only the limit, in whichever order they are asked
+    from gpupool.core import QueueSpec, QueueTree, ResourceVector, scheduling_profile
+    from gpupool.core.cycle import Cycle
+    from gpupool.core.queues import GPU_UNITS
+    tree = QueueTree([QueueSpec("q", limit=ResourceVector({GPU_UNITS: 4000}))])
+    table = table_of(make_node("a", gpus=4))
+    framework = Framework.build(scheduling_profile("fifo", "bestfit"), default_registry())
+    shape = make_shape(1000)
+    for first in (True, False):
+        jobs = [make_job(f"j{k}", shape, queue="q", preemptible=p) for k, p in enumerate((first, not first))]
+        cycle = Cycle(ClusterSnapshot(table, tuple(jobs), {}, queues=tree), framework, FixedClock(0.0),
+                      random.Random(0))
+        verdicts = {job.preemptible: cycle.quota_precheck(job) for job in jobs}
+        assert verdicts[True] == "" and "guarantee" in verdicts[False], verdicts
+
+
 def test_garbage_collection_waits_for_the_cycle_to_end():
     import gc
 

@@ -1,5 +1,5 @@
-"""The placement engine's cached scores always equal a fresh evaluation (Hypothesis), and the node table's
-keys name (kind, state) pairs exactly."""
+"""The placement engine's cached scores and device picks always equal a fresh evaluation (Hypothesis), and the
+node table's keys name (kind, state) pairs exactly."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_cached_scores_match_fresh_evaluation(policy, arrivals, seed):
         i = placer.choose(table, shape, rng)
         if i is not None:
             shares = placer.pick(table, i, shape, rng)
+            assert shares == placer.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
             table.set_state(i, table.states[i].take(shape, shares))
             placed.append((i, shape, shares))
 

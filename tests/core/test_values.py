@@ -39,6 +39,15 @@ def test_resource_vector_add_then_sub_is_identity(a, b):
     assert (ResourceVector(a) + ResourceVector(b)) - ResourceVector(b) == ResourceVector(a)
 
 
+@given(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 1000)),
+       st.dictionaries(st.sampled_from("abcd"), st.integers(0, 1000)))
+def test_resource_vector_sums_keep_name_order_and_changes_name_what_grew(a, b):
+    before = ResourceVector(a)
+    after = before + ResourceVector(b)
+    assert list(after) == sorted(after) and dict(after.items()) == {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
+    assert after.changes_from(before) == sorted((k, v) for k, v in b.items() if v)
+
+
 def test_trunc_div_truncates_toward_zero():
     assert trunc_div(-7, 2) == -3 and trunc_div(7, 2) == 3
 

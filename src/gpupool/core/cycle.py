@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from gpupool.core.actions.reservations import Reservation
 
 
+#: distinct (preemptible, task shapes) whose minimal charge a queue tree remembers before it starts again
+CHARGE_MEMO_LIMIT = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class CycleResult:
     decisions: tuple[Decision, ...]
@@ -131,8 +135,7 @@ class Cycle:
         """
         if self.tree is None:
             return ""
-        charge = minimal_charge(job, self.tree)
-        checked = tuple(item for item in charge.items() if self.tree.checks(item[0]))
+        charge, checked = self._charge(job)
         seq = self.workspace.usage_seq
         if self._quota_passes.get((job.queue, checked)) == seq or self._within_room(job, charge):
             self._quota_passes[(job.queue, checked)] = seq
@@ -148,6 +151,21 @@ class Cycle:
             self._rooms[job.queue] = (headroom(self.tree, self.workspace.usage, job.queue, self.capacity),
                                       dict(self.workspace.growth))
         return reason
+
+    def _charge(self, job: JobSpec) -> tuple[ResourceVector, tuple[tuple[str, int], ...]]:
+        """The job's minimal charge and the part of it the rules read: a function of its task shapes and whether
+        it may be preempted, kept on the tree (pending jobs come back every cycle)."""
+        assert self.tree is not None
+        memo = self.tree.derived.setdefault(minimal_charge, {})
+        assert isinstance(memo, dict)
+        key = (job.preemptible, *(task.shape for task in job.tasks))
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= CHARGE_MEMO_LIMIT:
+                memo.clear()
+            charge = minimal_charge(job, self.tree)
+            found = memo[key] = (charge, tuple(item for item in charge.items() if self.tree.checks(item[0])))
+        return found
 
     def _within_room(self, job: JobSpec, charge: ResourceVector) -> bool:
         """Whether `charge` fits the queue's headroom as last computed, less all usage added since (a bound)."""
@@ -168,8 +186,8 @@ class Cycle:
             return ""
         if before is not None:
             prior, tree = before[1], self.tree
-            checked = tuple((r, v - prior[r]) for r, v in self.workspace.usage[job.queue].items()
-                            if v != prior[r] and tree.checks(r))
+            checked = tuple(item for item in self.workspace.usage[job.queue].changes_from(prior)
+                            if tree.checks(item[0]))
             if self._quota_passes.get((job.queue, checked)) == before[0]:
                 return ""
         return admission_after(self.tree, self.workspace.usage, job.queue, self.capacity)

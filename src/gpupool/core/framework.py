@@ -46,6 +46,10 @@ class ScorePlugin(Plugin):
 
 
 class DevicePlugin(Plugin):
+    #: whether `pick_devices` draws from `rng`; a plugin that does not is a pure function of (kind, state, shape),
+    #: and the placement engine memoises its picks like scores
+    uses_rng = False
+
     @abstractmethod
     def pick_devices(
         self, kind: NodeKind, state: NodeState, shape: TaskShape, rng: random.Random

@@ -6,7 +6,7 @@ Filters and scores are pure functions of (node kind, node state, shape), so the 
    (kind, state): equal nodes are evaluated once, and a hit is one int dict lookup;
 2. keeps, per shape, an int64 array with every node's combined score (`INFEASIBLE` where a filter
    rejects), and after a change re-evaluates only the nodes in the table's change log since the
-   array was last brought up to date;
+   array was last brought up to date whose key differs from the one the array holds a score for;
 3. picks the argmax (numpy returns the first, i.e. the lowest node name) or, with the random
    tie-break, a seeded uniform choice among the maxima.
 
@@ -36,11 +36,13 @@ _SHAPE_MEMO_LIMIT = 200_000
 
 
 class _ShapeScores:
-    __slots__ = ("scores", "by_key", "seen", "explained", "explained_at")
+    __slots__ = ("scores", "by_key", "picks", "keys", "seen", "explained", "explained_at")
 
     def __init__(self, n: int) -> None:
         self.scores = np.full(n, INFEASIBLE, dtype=np.int64)
         self.by_key: dict[int, int] = {}  # the table's node key -> score
+        self.picks: dict[int, tuple[DeviceShare, ...]] = {}  # the table's node key -> devices (a pure plugin's)
+        self.keys = [-1] * n  # the node keys `scores` holds the scores of
         self.seen = -1
         self.explained: list[tuple[str, int]] = []
         self.explained_at = -1
@@ -86,23 +88,32 @@ class Placer:
         """Every node's current combined score for `shape` (read-only view; do not mutate)."""
         return self._current(table, shape).scores
 
-    def _current(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
-        """The shape's cache entry, brought up to date with the table."""
+    def _entry(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
+        """The shape's cache entry for `table`, as it is."""
         caches = table.derived.setdefault(self, {})
         assert isinstance(caches, dict)
         entry = caches.get(shape)
         if entry is None:
             entry = caches[shape] = _ShapeScores(len(table))
+        return entry
+
+    def _current(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
+        """The shape's cache entry, brought up to date with the table."""
+        entry = self._entry(table, shape)
         dirty = table.changed_since(entry.seen) if entry.seen >= 0 else None
         indices = range(len(table)) if dirty is None else dirty
         if len(entry.by_key) >= _SHAPE_MEMO_LIMIT:
             entry.by_key.clear()
-        keys, by_key, out = table.keys, entry.by_key, entry.scores
+            entry.picks.clear()
+        keys, seen, by_key, out = table.keys, entry.keys, entry.by_key, entry.scores
         for i in indices:
-            value = by_key.get(keys[i])
+            key = keys[i]
+            if seen[i] == key:  # changed and changed back (a cycle undoes all its changes)
+                continue
+            value = by_key.get(key)
             if value is None:
-                value = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
-            out[i] = value
+                value = by_key[key] = self._evaluate(table.kinds[i], table.states[i], shape)
+            out[i], seen[i] = value, key
         entry.seen = table.seq
         return entry
 
@@ -125,7 +136,15 @@ class Placer:
         return best
 
     def pick(self, table: NodeTable, i: int, shape: TaskShape, rng: random.Random) -> tuple[DeviceShare, ...]:
-        return self.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
+        """The devices node `i` gives `shape` (memoised under the node's key unless the plugin draws from `rng`)."""
+        if self.devices.uses_rng:
+            return self.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
+        picks = self._entry(table, shape).picks
+        key = table.keys[i]
+        shares = picks.get(key)
+        if shares is None:
+            shares = picks[key] = self.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
+        return shares
 
     def explain(self, table: NodeTable, shape: TaskShape,
                 excluded: frozenset[int] = frozenset()) -> list[tuple[str, int]]:

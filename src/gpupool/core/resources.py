@@ -11,7 +11,10 @@ from fractions import Fraction
 
 
 class ResourceVector(Mapping[str, int]):
-    """A frozen mapping resource -> int >= 0; missing resources read as 0, and equality ignores zeros."""
+    """A frozen mapping resource -> int >= 0; missing resources read as 0, and equality ignores zeros.
+
+    `_items` is sorted by name, and `_map` holds the same pairs in the same order (arithmetic relies on it).
+    """
 
     __slots__ = ("_items", "_hash", "_map")
     _items: tuple[tuple[str, int], ...]
@@ -34,7 +37,7 @@ class ResourceVector(Mapping[str, int]):
         """Build from amounts already known to be non-negative ints (arithmetic results)."""
         vector = cls.__new__(cls)
         vector._items = tuple(sorted(amounts.items()))
-        vector._map = amounts
+        vector._map = dict(vector._items)
         vector._hash = None
         return vector
 
@@ -71,15 +74,15 @@ class ResourceVector(Mapping[str, int]):
         return f"ResourceVector({dict(self._nonzero())})"
 
     def __add__(self, other: Mapping[str, int]) -> ResourceVector:
-        out = dict(self._map)
+        out = self._map.copy()
+        get = out.get
         for name, value in other.items():
-            out[name] = out.get(name, 0) + value
+            out[name] = get(name, 0) + value
         if not isinstance(other, ResourceVector):
             return ResourceVector(out)
-        if len(out) == len(self._items):  # no new names: keep this vector's order instead of sorting again
+        if len(out) == len(self._items):  # no new names: `out` is still in name order
             vector = ResourceVector.__new__(ResourceVector)
-            vector._items = tuple((name, out[name]) for name, _ in self._items)
-            vector._map, vector._hash = out, None
+            vector._items, vector._map, vector._hash = tuple(out.items()), out, None
             return vector
         return ResourceVector._trusted(out)
 
@@ -91,6 +94,11 @@ class ResourceVector(Mapping[str, int]):
                 raise ValueError(f"{name}: subtracting {value} from {out.get(name, 0)} goes negative")
             out[name] = left
         return ResourceVector._trusted(out) if isinstance(other, ResourceVector) else ResourceVector(out)
+
+    def changes_from(self, before: ResourceVector) -> list[tuple[str, int]]:
+        """(name, amount - before's amount) for every name of this vector whose amount differs, in name order."""
+        prior = before._map
+        return [(name, value - prior.get(name, 0)) for name, value in self._items if value != prior.get(name, 0)]
 
     def scaled(self, factor: int) -> ResourceVector:
         """Every amount multiplied by a non-negative integer factor."""

@@ -13,6 +13,7 @@ from gpupool.core.nodes import NodeKind, NodeState
 
 class RandomDevices(DevicePlugin):
     name = "random_gpu"
+    uses_rng = True
 
     def pick_devices(
         self, kind: NodeKind, state: NodeState, shape: TaskShape, rng: random.Random
