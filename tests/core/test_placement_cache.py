@@ -50,21 +50,41 @@ def test_cached_scores_match_fresh_evaluation(policy, arrivals, seed):
 
 
 def test_node_keys_name_kind_and_state(monkeypatch):
-    """Equal (kind, state) pairs share a key, different pairs never do, and after the table forgets its keys a
-    pair gets a new one, never one that named another pair."""
+    """Equal (kind, state) pairs share a key and different pairs never do, also after the table numbers its
+    pairs again (at _KEY_LIMIT), which drops every derived value: no cache outlives its numbering."""
     table = table_of(make_node("a", gpus=2), make_node("b", gpus=2), make_node("c", gpus=4))
     assert table.keys[0] == table.keys[1] != table.keys[2]
-    empty = table.keys[0]
     table.set_state(0, table.states[0].take(WHOLE, FIRST_GPU))
     assert table.keys[0] != table.keys[1]
     table.set_state(1, table.states[1].take(WHOLE, FIRST_GPU))
     assert table.keys[0] == table.keys[1]
-    monkeypatch.setattr(nodes, "_KEY_LIMIT", 1)
-    seen = set(table.keys) | {empty}
-    table.set_state(2, table.states[2].take(WHOLE, FIRST_GPU))  # a new pair: the table forgets the others
-    table.set_state(0, table.states[0].give(WHOLE, FIRST_GPU))  # known before, so now a new key
-    assert table.keys[0] not in seen and table.keys[2] not in seen
-    assert len(set(table.keys)) == 3
+    assert table.key_count == 3  # two empty kinds, and the 2-GPU node with one GPU taken, met twice
+    table.derived["memo"] = "made under the old numbering"
+    monkeypatch.setattr(nodes, "_KEY_LIMIT", 3)
+    table.set_state(2, table.states[2].take(WHOLE, FIRST_GPU))  # a fourth pair: the table numbers again
+    assert table.derived == {}
+    assert table.keys[0] == table.keys[1] != table.keys[2] and table.key_count == 2
+    assert list(table.key_array()) == table.keys
+    table.set_state(0, table.states[0].give(WHOLE, FIRST_GPU))
+    assert len(set(table.keys)) == 3 and max(table.keys) < table.key_count
+
+
+def test_scores_stay_exact_across_a_renumbering(monkeypatch):
+    renumbered = []
+    renumber = nodes.NodeTable._renumber
+    monkeypatch.setattr(nodes.NodeTable, "_renumber", lambda table: renumbered.append(1) or renumber(table))
+    monkeypatch.setattr(nodes, "_KEY_LIMIT", 2)
+    table = table_of(*[make_node(f"n{i}", gpus=2) for i in range(4)])
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    rng = random.Random(0)
+    for _ in range(6):
+        i = placer.choose(table, WHOLE, rng)
+        assert i is not None
+        table.set_state(i, table.states[i].take(WHOLE, placer.pick(table, i, WHOLE, rng)))
+        scores = placer.scores(table, WHOLE)
+        assert [int(v) for v in scores] == [placer._evaluate(k, s, WHOLE) for k, s in
+                                           zip(table.kinds, table.states, strict=True)]
+    assert renumbered
 
 
 WHOLE = make_shape(1000)

@@ -6,15 +6,16 @@ sharing group of each partly used GPU). Every placement policy is a pure functio
 shape), which is what lets `gpupool.core.placement` cache scores.
 
 `NodeTable` holds one `NodeState` per node, nodes sorted by name (so index order is name order and
-"lowest name wins" is "lowest index wins"), and an append-only change log of node indices. Readers
-that cache per-node values remember the log position they have seen and re-read only the nodes
-changed since; `changed_since` returns None when the log was compacted past that position.
+"lowest name wins" is "lowest index wins"), an int key per node naming its (kind, state), and `seq`,
+the number of changes made: a reader that caches per-node values by key remembers the `seq` it saw.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from gpupool.core.model import DeviceShare, NodeSpec, TaskShape
 from gpupool.core.units import MILLI
@@ -144,19 +145,22 @@ def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) 
     return tuple(sorted((k, v) for k, v in counts.items() if v))
 
 
-#: distinct (kind, state) pairs a table remembers before it starts again (ids keep counting up)
-_KEY_LIMIT = 1_000_000
+#: distinct (kind, state) pairs a table names before it numbers them again (readers' arrays indexed by key stay
+#: within this many entries)
+_KEY_LIMIT = 1 << 16
 
 
 class NodeTable:
-    """The free state of every node, indexed by name order, with a change log.
+    """The free state of every node, indexed by name order.
 
-    Only `set_state` changes a state, and it logs the index. Values derived from one node's
-    (kind, state) may be cached by readers keyed on `seq`; see the module docstring.
+    Only `set_state` changes a state, and it bumps `seq`. Values derived from one node's (kind, state) may
+    be cached by readers under its key; see the module docstring.
 
-    `keys[i]` is an int naming node i's (kind, state): nodes with equal keys are interchangeable, so a
-    reader may cache a per-node value under the key (an int hashes and compares far faster than the pair).
-    A key is never given to another pair; a pair may get a new key after the table forgets old ones.
+    `keys[i]` is an int in [0, key_count) naming node i's (kind, state): nodes with equal keys are
+    interchangeable, so a reader may cache a per-node value under the key (an int hashes and compares far
+    faster than the pair, and indexes an array). Once _KEY_LIMIT pairs have been named, the table numbers the
+    pairs of its nodes again from 0 and drops everything in `derived`: readers keep their key caches there,
+    so no cache outlives the numbering it was made under.
     """
 
     def __init__(self, specs: Iterable[NodeSpec]) -> None:
@@ -171,47 +175,55 @@ class NodeTable:
         self.states: list[NodeState] = [NodeState.empty(k) for k in self.kinds]
         self._key_ids: dict[tuple[NodeKind, NodeState], int] = {}
         self._next_key = 0
-        self.keys: list[int] = [self._key(k, s) for k, s in zip(self.kinds, self.states, strict=True)]
+        self.keys: list[int] = [self._name(k, s) for k, s in zip(self.kinds, self.states, strict=True)]
         self.derived: dict[object, object] = {}
         #: bumped whenever a node becomes schedulable or unschedulable
         self.schedulable_version = 0
-        self._log: list[int] = []
-        self._log_start = 0
+        #: number of state changes ever made
+        self.seq = 0
+        self._key_array = np.array(self.keys, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.names)
-
-    @property
-    def seq(self) -> int:
-        """Number of state changes ever made; a position in the change log."""
-        return self._log_start + len(self._log)
 
     def set_state(self, i: int, state: NodeState) -> None:
         if state.schedulable != self.states[i].schedulable:
             self.schedulable_version += 1
         self.states[i] = state
-        self.keys[i] = self._key(self.kinds[i], state)
-        self._log.append(i)
-        if len(self._log) > 8 * len(self.names) + 4096:
-            drop = len(self._log) // 2
-            del self._log[:drop]
-            self._log_start += drop
+        self.keys[i] = self._key_array[i] = self._key(self.kinds[i], state)
+        self.seq += 1
+
+    @property
+    def key_count(self) -> int:
+        """Keys are below this."""
+        return self._next_key
 
     def _key(self, kind: NodeKind, state: NodeState) -> int:
-        pair = (kind, state)
-        key = self._key_ids.get(pair)
+        key = self._key_ids.get((kind, state))
         if key is None:
-            if len(self._key_ids) >= _KEY_LIMIT:
-                self._key_ids.clear()
-            key = self._key_ids[pair] = self._next_key
+            if self._next_key >= _KEY_LIMIT:
+                self._renumber()
+            key = self._name(kind, state)
+        return key
+
+    def _name(self, kind: NodeKind, state: NodeState) -> int:
+        key = self._key_ids.get((kind, state))
+        if key is None:
+            key = self._key_ids[(kind, state)] = self._next_key
             self._next_key += 1
         return key
 
-    def changed_since(self, seq: int) -> set[int] | None:
-        """Indices changed after log position `seq`; None if that position was compacted away."""
-        if seq < self._log_start:
-            return None
-        return set(self._log[seq - self._log_start:])
+    def _renumber(self) -> None:
+        """Name the pairs of the nodes' current states from 0 again; every derived value goes."""
+        self._key_ids.clear()
+        self._next_key = 0
+        self.derived.clear()
+        for i, (kind, state) in enumerate(zip(self.kinds, self.states, strict=True)):
+            self.keys[i] = self._key_array[i] = self._name(kind, state)
+
+    def key_array(self) -> np.ndarray:
+        """`keys` as an int64 array, kept in step with it (read-only)."""
+        return self._key_array
 
     @property
     def total_gpu_milli(self) -> int:

@@ -2,16 +2,17 @@
 
 Filters and scores are pure functions of (node kind, node state, shape), so the engine
 
-1. memoises each (kind, state, shape) evaluation, per table and shape, under the table's int key of
-   (kind, state): equal nodes are evaluated once, and a hit is one int dict lookup;
-2. keeps, per shape, an int64 array with every node's combined score (`INFEASIBLE` where a filter
-   rejects), and after a change re-evaluates only the nodes in the table's change log since the
-   array was last brought up to date whose key differs from the one the array holds a score for;
+1. memoises each (kind, state, shape) evaluation, per table and shape, in an int64 array indexed by the
+   table's int key of (kind, state): equal nodes are evaluated once;
+2. brings a shape's scores up to date, after any change to the table, with one vectorised gather of
+   that array at every node's key (`INFEASIBLE` + reason where a filter rejects); only nodes in states
+   this shape has never met are evaluated, in Python;
 3. picks the argmax (numpy returns the first, i.e. the lowest node name) or, with the random
    tie-break, a seeded uniform choice among the maxima.
 
-A decision therefore costs O(nodes changed since this shape was last placed) in Python plus one
-vectorised argmax, not O(nodes x plugins).
+A decision therefore costs O(node states new to this shape) in Python plus a few vectorised passes over
+the nodes, not O(nodes x plugins). Device picks of a plugin that draws no random numbers are memoised
+under the same key.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ FEASIBLE_MIN = INFEASIBLE + (1 << 20)
 TieBreak = Literal["name", "random"]
 #: the rejection reason of nodes a caller excludes (held by reservations)
 RESERVED = "node reserved for another job"
-_SHAPE_MEMO_LIMIT = 200_000
+#: a score no evaluation gives: "not evaluated yet" in the per-key arrays
+UNKNOWN = np.iinfo(np.int64).max
 
 
 class _ShapeScores:
-    __slots__ = ("scores", "by_key", "picks", "keys", "seen", "explained", "explained_at")
+    __slots__ = ("scores", "by_key", "picks", "seen", "explained", "explained_at")
 
     def __init__(self, n: int) -> None:
         self.scores = np.full(n, INFEASIBLE, dtype=np.int64)
-        self.by_key: dict[int, int] = {}  # the table's node key -> score
+        self.by_key = np.full(0, UNKNOWN, dtype=np.int64)  # the table's node key -> score (UNKNOWN: not yet)
         self.picks: dict[int, tuple[DeviceShare, ...]] = {}  # the table's node key -> devices (a pure plugin's)
-        self.keys = [-1] * n  # the node keys `scores` holds the scores of
-        self.seen = -1
+        self.seen = -1  # the table's `seq` when `scores` was brought up to date
         self.explained: list[tuple[str, int]] = []
         self.explained_at = -1
 
@@ -100,21 +101,17 @@ class Placer:
     def _current(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
         """The shape's cache entry, brought up to date with the table."""
         entry = self._entry(table, shape)
-        dirty = table.changed_since(entry.seen) if entry.seen >= 0 else None
-        indices = range(len(table)) if dirty is None else dirty
-        if len(entry.by_key) >= _SHAPE_MEMO_LIMIT:
-            entry.by_key.clear()
-            entry.picks.clear()
-        keys, seen, by_key, out = table.keys, entry.keys, entry.by_key, entry.scores
-        for i in indices:
-            key = keys[i]
-            if seen[i] == key:  # changed and changed back (a cycle undoes all its changes)
-                continue
-            value = by_key.get(key)
-            if value is None:
-                value = by_key[key] = self._evaluate(table.kinds[i], table.states[i], shape)
-            out[i], seen[i] = value, key
-        entry.seen = table.seq
+        if entry.seen == table.seq:
+            return entry
+        if len(entry.by_key) < table.key_count:
+            grown = np.full(max(table.key_count, 2 * len(entry.by_key)), UNKNOWN, dtype=np.int64)
+            grown[:len(entry.by_key)] = entry.by_key
+            entry.by_key = grown
+        keys, by_key = table.key_array(), entry.by_key
+        scores = by_key[keys]
+        for i in np.flatnonzero(scores == UNKNOWN).tolist():
+            scores[i] = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
+        entry.scores, entry.seen = scores, table.seq
         return entry
 
     def choose(self, table: NodeTable, shape: TaskShape, rng: random.Random,
