@@ -104,6 +104,8 @@ class Cycle:
         self.fair_shares: dict[str, int] = {}
         #: reservations the allocate action made this cycle; evicting actions keep off their nodes too
         self.reservations: list[Reservation] = []
+        #: values actions derive from this cycle's inputs, per owner (dropped with the cycle)
+        self.memo: dict[object, object] = {}
         self._quota_failures: dict[str, list[tuple[tuple[tuple[str, int], ...], str]]] = {}
         self._quota_passes: dict[tuple[str, tuple[tuple[str, int], ...]], int] = {}
         #: per leaf: its admission headroom when last computed, and `Workspace.growth` then

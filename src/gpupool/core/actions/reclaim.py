@@ -47,7 +47,9 @@ class ReclaimAction(Action):
         units: _JobUnits | None = None
         # in the victim plugin's order for the first job that may reclaim, kept for the whole cycle
         evictable: list[RunningTask] | None = None
-        others: dict[str, list[RunningTask]] = {}  # per reclaiming queue: the evictable tasks of other queues
+        # per reclaiming queue: the evictable tasks of other queues, listed once; tasks evicted since stay in the
+        # list (making room skips what no longer runs), so the list and its grouping by node are reused
+        others: dict[str, list[RunningTask]] = {}
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
@@ -59,16 +61,13 @@ class ReclaimAction(Action):
                 evictable = list(cycle.framework.victims.order_victims(
                     job, [t for t in running if _evictable(cycle, tree, t)]))
             candidates = others.get(job.queue)
-            if candidates is None:  # other queues' tasks still running; unchanged until something is evicted
-                candidates = others[job.queue] = [t for t in evictable
-                                                  if t.queue != job.queue and cycle.workspace.running(t.task_id)]
-            if candidates:
+            if candidates is None:
+                candidates = others[job.queue] = [t for t in evictable if t.queue != job.queue]
+            if any(cycle.workspace.running(t.task_id) is not None for t in candidates):
                 may_take = _KeepsShare(cycle, tree, job, units)
                 evicted = start_by_evicting(cycle, job, candidates, may_take, left, "reclaimed")
                 attempts.record(job, evicted)
                 left -= evicted
-                if evicted:
-                    others = {}
 
 
 def _under_share(cycle: Cycle, job: JobSpec) -> bool:

@@ -12,6 +12,7 @@ goes to the best node off the caller's `move_off` nodes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpupool.core.fit import node_fits, without
@@ -31,15 +32,8 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     """(node index, victims used) for a node off `fenced` freed for `shape` within `allowance`; None if none
     works. Victims are moved to the best node off `move_off`, or evicted when `move_off` is None. `victims` are
     tasks as they ran when the caller listed them (from `Workspace.running_tasks`)."""
-    table, overlay = cycle.workspace.table, cycle.workspace.overlay
-    by_node: dict[int, list[RunningTask]] = {}
-    freed: dict[int, int] = {}
-    for task in victims:
-        current = overlay[task.task_id] if task.task_id in overlay else task  # as it runs now (Workspace.running)
-        if current is not None and current.node == task.node:  # earlier changes may have moved or evicted it
-            i = table.index[current.node]
-            by_node.setdefault(i, []).append(current)
-            freed[i] = freed.get(i, 0) + current.shape.total_gpu_milli
+    table = cycle.workspace.table
+    by_node, freed = _by_node(cycle, victims)
     candidates = []
     for _, _, i in sorted((milli, table.names[i], i) for i, milli in freed.items()):
         kind = table.kinds[i]
@@ -59,6 +53,50 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             return i, used
         stmt.rollback(checkpoint)
     return None
+
+
+def _by_node(cycle: Cycle, victims: Sequence[RunningTask]) -> tuple[dict[int, list[RunningTask]], dict[int, int]]:
+    """The victims as they run now (`Workspace.running`: earlier changes may have moved or evicted some), by node
+    index, and the GPU they hold per node. The grouping of the list as given is kept on the cycle (callers reuse
+    one list for many jobs); only nodes with a victim changed in this cycle are regrouped."""
+    listed = _listed(cycle, victims)
+    overlay = cycle.workspace.overlay
+    by_node, freed = dict(listed.by_node), dict(listed.freed)
+    for i in {listed.node_of[t] for t in overlay if t in listed.node_of}:
+        now = [c for t in listed.by_node[i] if (c := overlay.get(t.task_id, t)) is not None and c.node == t.node]
+        by_node[i] = now
+        freed[i] = sum(t.shape.total_gpu_milli for t in now)
+        if not now:
+            del by_node[i], freed[i]
+    return by_node, freed
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    victims: Sequence[RunningTask]
+    by_node: dict[int, list[RunningTask]]
+    freed: dict[int, int]
+    node_of: dict[str, int]
+
+
+def _listed(cycle: Cycle, victims: Sequence[RunningTask]) -> _Listed:
+    """`victims` grouped by node as given, kept in `cycle.memo` per list (the memo holds the list, so its id
+    names no other list while it is there)."""
+    memo = cycle.memo.setdefault(_listed, {})
+    assert isinstance(memo, dict)
+    found = memo.get(id(victims))
+    if isinstance(found, _Listed) and found.victims is victims:
+        return found
+    index = cycle.workspace.table.index
+    by_node: dict[int, list[RunningTask]] = {}
+    freed: dict[int, int] = {}
+    node_of: dict[str, int] = {}
+    for task in victims:
+        i = node_of[task.task_id] = index[task.node]
+        by_node.setdefault(i, []).append(task)
+        freed[i] = freed.get(i, 0) + task.shape.total_gpu_milli
+    found = memo[id(victims)] = _Listed(victims, by_node, freed, node_of)
+    return found
 
 
 def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[RunningTask],
