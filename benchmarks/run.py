@@ -9,6 +9,7 @@ Suites:
   control-plane  submits/s and submit -> placed latency, 250 fake nodes x 8 GPUs, SQLite and PostgreSQL
   usage  `GET /usage`, `gpupool usage` and the dashboard's usage pages over 30 days of ledger on 250 nodes
 Run `python benchmarks/run.py --help` for options; `make bench BENCH_ARGS="--suite speed"` runs one suite.
+`benchmarks/cycle_instructions.py` counts the cycle suite's instructions under valgrind (see its docstring).
 """
 
 from __future__ import annotations
