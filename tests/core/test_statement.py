@@ -110,3 +110,39 @@ def test_overcommit_is_a_bug_not_an_outcome():
     job = make_job("j", make_shape(1000, gpu_count=2))
     with pytest.raises(ValueError, match="overcommits"), Statement(ws, 0.0) as stmt:
         stmt.allocate(job, job.tasks[0], 2, lowest_whole_gpus(ws.table.states[0], job.tasks[0].shape))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([250, 1000, 2000]), st.booleans()), max_size=12))
+def test_node_state_tags_count_placed_tasks_by_kind(moves):
+    """A state's tags are the sorted multiset of its tasks' tags, whatever order tasks come and go in; taking more
+    than is free is a bug that raises."""
+    from collections import Counter
+
+    from gpupool.core.model import DeviceShare
+    from gpupool.core.nodes import NodeKind, NodeState, shape_tag
+    node = make_node("n", gpus=8)
+    state, placed = NodeState.empty(NodeKind.of(node)), []
+    for milli, remove in moves:
+        shape = make_shape(milli) if milli <= 1000 else make_shape(1000, gpu_count=2)
+        if remove and placed:
+            gone_shape, shares = placed.pop(0)
+            state = state.give(gone_shape, shares)
+        else:
+            gpus = fitting_gpus(state, shape)
+            if len(gpus) < shape.gpu_count:
+                with pytest.raises(ValueError, match="overcommits"):
+                    state.take(shape, tuple(DeviceShare(g, 1000, 0) for g in range(shape.gpu_count)))
+                continue
+            shares = fraction_share(shape, gpus[0]) if shape.is_shared else lowest_whole_gpus(state, shape)
+            state = state.take(shape, shares)
+            placed.append((shape, shares))
+        assert state.tags == tuple(sorted(Counter(shape_tag(s) for s, _ in placed).items()))
+
+
+def test_removing_a_task_that_was_never_placed_is_a_bug():
+    from gpupool.core.nodes import NodeKind, NodeState
+    state = NodeState.empty(NodeKind.of(make_node("n", gpus=2)))
+    placed = state.take(make_shape(250), fraction_share(make_shape(250), 0))
+    with pytest.raises(ValueError, match="more often"):
+        placed.give(make_shape(1000), ())

@@ -100,14 +100,17 @@ class NodeState:
     def _moved(self, shape: TaskShape, shares: Sequence[DeviceShare], sign: int) -> NodeState:
         gpu = list(self.gpu_free)
         gmem = list(self.gpu_memory_free)
+        short = False  # only the GPUs the shares name change, so only they can go below zero
         for share in shares:
-            if not 0 <= share.index < len(gpu):
-                raise ValueError(f"placement of {shape} on {shares} overcommits the node: no GPU {share.index}")
-            gpu[share.index] += sign * share.milli
-            gmem[share.index] += sign * share.memory_mib
+            g = share.index
+            if not 0 <= g < len(gpu):
+                raise ValueError(f"placement of {shape} on {shares} overcommits the node: no GPU {g}")
+            gpu[g] += sign * share.milli
+            gmem[g] += sign * share.memory_mib
+            short = short or gpu[g] < 0 or gmem[g] < 0
         cpu = self.cpu_free + sign * shape.cpu_milli
         mem = self.memory_free + sign * shape.memory_mib
-        if cpu < 0 or mem < 0 or min(gpu, default=0) < 0 or min(gmem, default=0) < 0:
+        if short or cpu < 0 or mem < 0:
             raise ValueError(f"placement of {shape} on {shares} overcommits the node")
         groups = self.gpu_groups
         if shares and (groups or shape.share_group):
@@ -138,11 +141,15 @@ def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) 
     tag = shape_tag(shape)
     if not tag:
         return tags
-    counts = dict(tags)
-    counts[tag] = counts.get(tag, 0) + sign
-    if counts[tag] < 0:
+    for k, (name, count) in enumerate(tags):
+        if name == tag:
+            if count + sign < 0:
+                raise ValueError(f"tag {tag} removed more often than placed")
+            kept = ((tag, count + sign),) if count + sign else ()
+            return tags[:k] + kept + tags[k + 1:]
+    if sign < 0:
         raise ValueError(f"tag {tag} removed more often than placed")
-    return tuple(sorted((k, v) for k, v in counts.items() if v))
+    return tuple(sorted((*tags, (tag, sign))))
 
 
 #: distinct (kind, state) pairs a table names before it numbers them again (readers' arrays indexed by key stay
@@ -172,10 +179,13 @@ class NodeTable:
         self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         interned: dict[NodeKind, NodeKind] = {}
         self.kinds: tuple[NodeKind, ...] = tuple(interned.setdefault(NodeKind.of(s), NodeKind.of(s)) for s in ordered)
+        ordinals = {kind: k for k, kind in enumerate(interned)}
+        #: per node, its kind's ordinal: pairs are named by (ordinal, state), cheaper to hash than the kind
+        self._kind_of: tuple[int, ...] = tuple(ordinals[kind] for kind in self.kinds)
         self.states: list[NodeState] = [NodeState.empty(k) for k in self.kinds]
-        self._key_ids: dict[tuple[NodeKind, NodeState], int] = {}
+        self._key_ids: dict[tuple[int, NodeState], int] = {}
         self._next_key = 0
-        self.keys: list[int] = [self._name(k, s) for k, s in zip(self.kinds, self.states, strict=True)]
+        self.keys: list[int] = [self._name(k, s) for k, s in zip(self._kind_of, self.states, strict=True)]
         self.derived: dict[object, object] = {}
         #: bumped whenever a node becomes schedulable or unschedulable
         self.schedulable_version = 0
@@ -190,7 +200,7 @@ class NodeTable:
         if state.schedulable != self.states[i].schedulable:
             self.schedulable_version += 1
         self.states[i] = state
-        self.keys[i] = self._key_array[i] = self._key(self.kinds[i], state)
+        self.keys[i] = self._key_array[i] = self._key(self._kind_of[i], state)
         self.seq += 1
 
     @property
@@ -198,7 +208,7 @@ class NodeTable:
         """Keys are below this."""
         return self._next_key
 
-    def _key(self, kind: NodeKind, state: NodeState) -> int:
+    def _key(self, kind: int, state: NodeState) -> int:
         key = self._key_ids.get((kind, state))
         if key is None:
             if self._next_key >= _KEY_LIMIT:
@@ -206,7 +216,7 @@ class NodeTable:
             key = self._name(kind, state)
         return key
 
-    def _name(self, kind: NodeKind, state: NodeState) -> int:
+    def _name(self, kind: int, state: NodeState) -> int:
         key = self._key_ids.get((kind, state))
         if key is None:
             key = self._key_ids[(kind, state)] = self._next_key
@@ -218,7 +228,7 @@ class NodeTable:
         self._key_ids.clear()
         self._next_key = 0
         self.derived.clear()
-        for i, (kind, state) in enumerate(zip(self.kinds, self.states, strict=True)):
+        for i, (kind, state) in enumerate(zip(self._kind_of, self.states, strict=True)):
             self.keys[i] = self._key_array[i] = self._name(kind, state)
 
     def key_array(self) -> np.ndarray:
