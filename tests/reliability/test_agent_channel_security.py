@@ -174,15 +174,29 @@ def hand_node(cluster: Cluster, gpus: int = 1, model: str | None = None) -> Hand
 HANDSHAKE_S = 30
 
 
+def _open_channel(server: Server, credential: str) -> ClientConnection:
+    """The channel, opened as an agent does: a handshake left unanswered is tried once more. Some handshakes of a
+    loaded control plane go unanswered for 30 s (an open bug, issue 4's notes); what these tests check is what the
+    channel then carries, so the stall's stacks and log go to `record_stall` and the test goes on."""
+    for attempt in (1, 2):
+        try:
+            return connect(channel_url(server.url), proxy=None, max_size=None, ssl=TLS[credential],
+                           open_timeout=HANDSHAKE_S, additional_headers={"Authorization": f"Bearer {credential}"})
+        except (TimeoutError, InvalidMessage):
+            if attempt == 2:
+                raise
+            print(f"channel handshake unanswered; opening again ({record_stall(server, 'handshake')})")
+    raise AssertionError("unreachable")
+
+
 class Hand:
     """One channel connection of a node, spoken by hand: frames numbered by `seq` under `boot`, and every order
     that comes kept in `orders`."""
 
-    def __init__(self, url: str, credential: str, first_seq: int = 0) -> None:
+    def __init__(self, server: Server | None, credential: str, first_seq: int = 0) -> None:
+        assert server is not None
         self._stack = contextlib.ExitStack()
-        self.ws: ClientConnection = self._stack.enter_context(connect(
-            channel_url(url), proxy=None, max_size=None, ssl=TLS[credential], open_timeout=HANDSHAKE_S,
-            additional_headers={"Authorization": f"Bearer {credential}"}))
+        self.ws: ClientConnection = self._stack.enter_context(_open_channel(server, credential))
         self.boot = uuid.uuid4().hex
         self.seqs = itertools.count(first_seq)
         self.sent: list[dict[str, Any]] = []
@@ -245,7 +259,7 @@ def state(cluster: Cluster, job_id: str) -> dict[str, Any]:
 
 def started_job(cluster: Cluster, node: HandNode) -> tuple[Hand, str, dict[str, Any]]:
     """A job placed on `node` and started there by hand: frames 0 hello, 1 "started", 2 the log line "one"."""
-    hand = Hand(cluster.url, node.credential)
+    hand = Hand(cluster.server, node.credential)
     assert hand.say("hello", running=[])["type"] == "ack"
     job_id = submit_to(cluster, node.name.replace("-", ""))
     order = hand.order()
@@ -265,7 +279,7 @@ def test_a_node_cannot_report_for_another_nodes_allocation(cluster: Cluster, boo
         b_hand, job_id, order = started_job(cluster, b)
         grant = {"allocation_id": order["allocation_id"], "attempt": order["attempt"]}
         before = state(cluster, job_id)
-        a_hand = Hand(cluster.url, a.credential)
+        a_hand = Hand(cluster.server, a.credential)
         assert a_hand.say("hello", running=[{**grant, "state": "running"}])["type"] == "ack"
         for kind, fields in [("task_status", {"state": "exited", "exit_code": 0}),
                              ("task_status", {"state": "fenced"}), ("task_status", {"state": "refused"}),
@@ -308,7 +322,7 @@ def test_replayed_reports_change_nothing(cluster: Cluster, book: CaseBook) -> No
         # the agent restarts (a new boot, seqs from 100 here); frames captured from the boot it left are replayed
         old = hand
         old.close()
-        hand = Hand(cluster.url, node.credential, first_seq=100)
+        hand = Hand(cluster.server, node.credential, first_seq=100)
         assert hand.say("hello", running=[{**grant, "state": "running"}])["type"] == "ack"
         bogus = {"allocation_id": "bogus", "attempt": 0, "state": "running"}
         old_hello = {"type": "hello", "boot_id": old.boot, "seq": 0, "running": [bogus]}
@@ -327,7 +341,7 @@ def test_replayed_reports_change_nothing(cluster: Cluster, book: CaseBook) -> No
 def test_a_replayed_heartbeat_does_not_keep_a_silent_node_alive(tmp_path: Path, book: CaseBook) -> None:
     with book.part("liveness"), Cluster(tmp_path, env={**ENV, "GPUPOOL_SUSPECT_AFTER_S": "1.5"}) as cluster:
         node = hand_node(cluster, gpus=0)
-        hand = Hand(cluster.url, node.credential)
+        hand = Hand(cluster.server, node.credential)
         hand.say("hello", running=[])
         beat = hand.send(hand.frame("heartbeat", telemetry=[], idle_gpus=[]))
         hand.answer(beat["seq"])
@@ -594,7 +608,7 @@ def test_orders_are_signed_for_their_node(cluster: Cluster, book: CaseBook) -> N
     registration and names that node."""
     with book.part("signed"):
         node = hand_node(cluster)
-        hand = Hand(cluster.url, node.credential)
+        hand = Hand(cluster.server, node.credential)
         hand.say("hello", running=[])
         job_id = submit_to(cluster, node.name.replace("-", ""))
         launch = Launch.model_validate(hand.order())
@@ -612,7 +626,7 @@ def test_orders_are_signed_for_their_node(cluster: Cluster, book: CaseBook) -> N
 def test_a_node_gets_only_the_secrets_of_work_placed_on_it(cluster: Cluster, book: CaseBook) -> None:
     with book.part("secrets"):
         a, b = hand_node(cluster, gpus=1), hand_node(cluster, gpus=1)
-        a_hand, b_hand = Hand(cluster.url, a.credential), Hand(cluster.url, b.credential)
+        a_hand, b_hand = Hand(cluster.server, a.credential), Hand(cluster.server, b.credential)
         try:
             assert a_hand.say("hello", running=[])["type"] == "ack" and b_hand.say("hello", running=[])["type"] == "ack"
             secret = f"s7-secret-{uuid.uuid4().hex}"
@@ -661,14 +675,14 @@ class FuzzChannel:
     """A node's channel that is re-opened whenever a frame made the control plane close it."""
 
     def __init__(self, server: Server, credential: str) -> None:
-        self.server, self.url, self.credential = server, server.url, credential
+        self.server, self.credential = server, credential
         self.hand: Hand | None = None
         self.closed = 0
         self.probes = itertools.count(10**12)
 
     def send(self, payload: str | bytes) -> None:
         if self.hand is None:
-            self.hand = Hand(self.url, self.credential)
+            self.hand = Hand(self.server, self.credential)
         try:
             self.hand.ws.send(payload)
         except ConnectionClosed:
@@ -690,18 +704,12 @@ class FuzzChannel:
         raise AssertionError("the control plane stopped serving this node's channel")
 
     def _reopen(self) -> None:
-        """A new channel, as the agent opens one: a handshake left unanswered (a known open bug of a loaded
-        control plane, issue 4's note of this stop) is tried once more; what this test checks is that the
-        control plane keeps serving the node at all."""
+        """A new channel, as the agent opens one."""
         self.closed += 1
         if self.hand is not None:
             with contextlib.suppress(Exception):
                 self.hand.close()
-        try:
-            self.hand = Hand(self.url, self.credential)
-        except (TimeoutError, InvalidMessage):
-            print(f"channel handshake unanswered; opening again ({record_stall(self.server, 'handshake')})")
-            self.hand = Hand(self.url, self.credential)
+        self.hand = Hand(self.server, self.credential)
 
 
 @pytest.fixture(scope="module")
@@ -727,7 +735,7 @@ def test_fuzzed_frames_are_rejected_and_the_control_plane_keeps_serving(
 
     with book.part("fuzz"):
         frames_then_probe()
-        other = Hand(cluster.url, bystander.credential)
+        other = Hand(cluster.server, bystander.credential)
         assert other.say("hello", running=[])["type"] == "ack"
         other.close()
 
@@ -736,7 +744,7 @@ def test_oversized_frames_close_only_their_channel(cluster: Cluster, fuzzed: tup
                                                    book: CaseBook) -> None:
     with book.part("oversized"):
         channel, bystander = fuzzed
-        other = Hand(cluster.url, bystander.credential)
+        other = Hand(cluster.server, bystander.credential)
         assert other.say("hello", running=[])["type"] == "ack"
         for payload in ("x" * (MAX_FRAME_BYTES + 1), json.dumps({"type": "log", "data": "y" * (4 * MAX_FRAME_BYTES)}),
                         b"\x00" * 1024, "[" * 1_000_000):
