@@ -50,13 +50,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect as async_connect
 from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed, InvalidMessage
-from websockets.sync.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
 
 from gpupool.agent.tls import ChannelTls
 from gpupool.devtools.figures import figure
-from gpupool.devtools.hand_tls import HandTls, channel_url
-from gpupool.devtools.harness import Server, free_port, record_stall
+from gpupool.devtools.hand_tls import HandTls, channel_url, open_channel
+from gpupool.devtools.harness import Server, free_port
 from gpupool.protocol.agent import MAX_FRAME_BYTES, Launch, Stop
 from gpupool.protocol.signing import OrderSigner, OrderVerifier, key_hash
 from gpupool.server.agent_ca import AgentCA
@@ -174,21 +174,6 @@ def hand_node(cluster: Cluster, gpus: int = 1, model: str | None = None) -> Hand
 HANDSHAKE_S = 30
 
 
-def _open_channel(server: Server, credential: str) -> ClientConnection:
-    """The channel, opened as an agent does: a handshake left unanswered is tried once more. Some handshakes of a
-    loaded control plane go unanswered for 30 s (an open bug, issue 4's notes); what these tests check is what the
-    channel then carries, so the stall's stacks and log go to `record_stall` and the test goes on."""
-    for attempt in (1, 2):
-        try:
-            return connect(channel_url(server.url), proxy=None, max_size=None, ssl=TLS[credential],
-                           open_timeout=HANDSHAKE_S, additional_headers={"Authorization": f"Bearer {credential}"})
-        except (TimeoutError, InvalidMessage):
-            if attempt == 2:
-                raise
-            print(f"channel handshake unanswered; opening again ({record_stall(server, 'handshake')})")
-    raise AssertionError("unreachable")
-
-
 class Hand:
     """One channel connection of a node, spoken by hand: frames numbered by `seq` under `boot`, and every order
     that comes kept in `orders`."""
@@ -196,7 +181,8 @@ class Hand:
     def __init__(self, server: Server | None, credential: str, first_seq: int = 0) -> None:
         assert server is not None
         self._stack = contextlib.ExitStack()
-        self.ws: ClientConnection = self._stack.enter_context(_open_channel(server, credential))
+        self.ws: ClientConnection = self._stack.enter_context(
+            open_channel(server, TLS[credential], credential, max_size=None, open_timeout=HANDSHAKE_S))
         self.boot = uuid.uuid4().hex
         self.seqs = itertools.count(first_seq)
         self.sent: list[dict[str, Any]] = []

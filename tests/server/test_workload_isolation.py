@@ -17,11 +17,9 @@ import uuid
 from typing import Any
 
 import httpx
-from websockets.exceptions import InvalidMessage
-from websockets.sync.client import connect
 
-from gpupool.devtools.hand_tls import HandTls, channel_url
-from gpupool.devtools.harness import Server, record_stall
+from gpupool.devtools.hand_tls import HandTls, open_channel
+from gpupool.devtools.harness import Server
 
 IMAGE = "registry.example.com/team/train:1.0"
 
@@ -90,7 +88,7 @@ def test_a_reconnecting_agent_updates_the_verdict_in_its_hello(server: Server) -
         assert settled(c, image_job)["state"] == "pending"
         for seq, (verdict, want) in enumerate(((None, False), (True, True), (False, False)), start=1):
             hello = {"type": "hello", "boot_id": "boot", "seq": seq, "running": []}
-            with _open(server, tls.context(reply), reply["credential"]) as ws:
+            with open_channel(server, tls.context(reply), reply["credential"]) as ws:
                 ws.send(json.dumps(hello if verdict is None else {**hello, "untrusted_images": verdict}))
                 while json.loads(ws.recv(timeout=30)) != {"type": "ack", "seq": seq}:
                     pass  # a launch order re-sent for the placed job
@@ -120,18 +118,3 @@ def test_a_shared_gpu_holds_jobs_of_one_organisation_only(server: Server) -> Non
         with server.client(token) as acme:  # 0.3 of the GPU is free, but not for another organisation
             other = submit(acme, gpus="0.3", queue=f"{org}-q")
             assert settled(acme, other)["state"] == "pending", "a GPU was shared across organisations"
-
-
-def _open(server: Server, context: Any, credential: str) -> Any:
-    """The channel, opened as an agent does: a handshake left unanswered is tried again once. A control plane
-    that leaves some handshakes unanswered for 30 s under load is a known open bug (issue 4's note of this stop);
-    what this file tests is the verdict the Hello carries."""
-    for attempt in (1, 2):
-        try:
-            return connect(channel_url(server.url), proxy=None, ssl=context, open_timeout=30,
-                           additional_headers={"Authorization": f"Bearer {credential}"})
-        except (TimeoutError, InvalidMessage):
-            if attempt == 2:
-                raise
-            print(f"channel handshake unanswered for 30 s; opening again ({record_stall(server, 'handshake')})")
-    raise AssertionError("unreachable")

@@ -1,5 +1,5 @@
 """Speaking for a node by hand on the mTLS agent channel, for tests: a key and its CSR to register with, the client
-context for the certificate that comes back, and the channel's wss URL."""
+context for the certificate that comes back, the channel's wss URL, and opening the channel."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+from websockets.exceptions import InvalidMessage
+from websockets.sync.client import ClientConnection, connect
 
 from gpupool.agent.tls import ChannelTls, csr_for, new_key
+from gpupool.devtools.harness import Server, record_stall
 
 CHANNEL_PATH = "/api/v1/agent/channel"
 
@@ -31,3 +34,20 @@ def channel_url(server_url: str) -> str:
     """wss://127.0.0.1:<agent port>/api/v1/agent/channel of the control plane at `server_url` (from /readyz)."""
     port = httpx.get(f"{server_url}/readyz", timeout=30).json()["agent_port"]
     return f"wss://127.0.0.1:{port}{CHANNEL_PATH}"
+
+
+def open_channel(server: Server, context: ssl.SSLContext, credential: str, **options: Any) -> ClientConnection:
+    """The node's channel on `server`, opened as an agent does: a handshake left unanswered is tried once more.
+    Some handshakes of a loaded control plane go unanswered for 30 s (an open bug, issue 4's notes); the tests check
+    what the channel carries, so the stall's stacks and log go to `record_stall` and the test goes on. `options`
+    go to websockets' `connect` (open_timeout defaults to 30 s)."""
+    options.setdefault("open_timeout", 30)
+    for attempt in (1, 2):
+        try:
+            return connect(channel_url(server.url), proxy=None, ssl=context,
+                           additional_headers={"Authorization": f"Bearer {credential}"}, **options)
+        except (TimeoutError, InvalidMessage):
+            if attempt == 2:
+                raise
+            print(f"channel handshake unanswered; opening again ({record_stall(server, 'handshake')})")
+    raise AssertionError("unreachable")
