@@ -29,6 +29,20 @@ def _view(ws: Workspace):
     return list(ws.table.states), dict(ws.overlay)
 
 
+def _running(ws: Workspace) -> list[RunningTask]:
+    """Every task running now, from first principles: the overlay's latest word, else the snapshot's."""
+    ids = sorted(set(ws.snapshot.running) | set(ws.overlay))
+    return [t for t in (ws.overlay.get(i, ws.snapshot.running.get(i)) for i in ids) if t is not None]
+
+
+def _check_views(ws: Workspace) -> None:
+    """`still_running` and `job_tasks` agree with `_running`, whatever was placed, moved, evicted or undone."""
+    now = _running(ws)
+    assert sorted(ws.still_running(), key=lambda t: t.task_id) == [t for t in now if t.task_id in ws.snapshot.running]
+    for job_id in {t.job_id for t in now} | {"j-r1"}:
+        assert ws.job_tasks(job_id) == [t for t in now if t.job_id == job_id]
+
+
 ops = st.lists(st.tuples(st.sampled_from(["alloc", "evict", "move", "checkpoint", "rollback"]),
                          st.integers(0, 3), st.integers(0, 2)), max_size=25)
 
@@ -48,11 +62,11 @@ def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
             job = make_job(f"j{n}", shape)
             stmt.allocate(job, job.tasks[0], node_i, shares)
         elif op == "evict":
-            victims = ws.running_tasks()
+            victims = _running(ws)
             if victims:
                 stmt.evict(victims[shape_i % len(victims)], "test")
         elif op == "move":
-            movable = ws.running_tasks()
+            movable = _running(ws)
             if movable:
                 task = movable[shape_i % len(movable)]
                 target = ws.table.states[node_i]
@@ -68,6 +82,7 @@ def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
             cp, view = saved.pop()
             stmt.rollback(cp)
             assert _view(ws) == view
+        _check_views(ws)
     before = _world()
     stmt.discard()
     assert ws.table.states == before.nodes.states

@@ -79,7 +79,8 @@ class VictimPlugin(Plugin):
     @abstractmethod
     def order_victims(self, preemptor: JobSpec, candidates: Sequence[RunningTask]) -> Sequence[RunningTask]:
         """Candidates that `preemptor` may evict, in the order they should be evicted (least lost
-        work first). Called inside a Statement; must not drop a candidate it cannot rank."""
+        work first), an order that does not depend on the order of `candidates` (callers list them in no set
+        order). Called inside a Statement; must not drop a candidate it cannot rank."""
 
 
 class Action(ABC):

@@ -39,6 +39,8 @@ class Workspace:
         self.journal: list[tuple[int, object, object]] = []
         self.tree = snapshot.queues
         self._snapshot_jobs: dict[str, list[str]] | None = None  # job id -> its task ids running at the start
+        #: job id -> ids of its tasks ever set in `overlay` in this cycle (a superset: undone entries stay)
+        self._overlay_jobs: dict[str, set[str]] = {}
         #: resources in use per queue (leaf and ancestors), kept in step with every change
         self.usage: dict[str, ResourceVector] = {}
         #: bumped by every change to `usage` (undone ones too): equal values mean equal usage
@@ -78,10 +80,13 @@ class Workspace:
             return self.overlay[task_id]
         return self.snapshot.running.get(task_id)
 
-    def running_tasks(self) -> list[RunningTask]:
-        """Every task running as of now in this cycle, in task-id order."""
-        ids = set(self.snapshot.running) | set(self.overlay)
-        return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
+    def still_running(self) -> list[RunningTask]:
+        """Every task that ran when the cycle began and still runs now (as it runs now, moved or not), in the
+        snapshot's order: callers that rank tasks must not depend on it."""
+        overlay, running = self.overlay, self.snapshot.running
+        if not overlay:
+            return list(running.values())
+        return [t for i, s in running.items() if (t := overlay.get(i, s)) is not None]
 
     def job_tasks(self, job_id: str) -> list[RunningTask]:
         """Every task of `job_id` running as of now in this cycle, in task-id order."""
@@ -90,7 +95,7 @@ class Workspace:
             for task in self.snapshot.running.values():
                 self._snapshot_jobs.setdefault(task.job_id, []).append(task.task_id)
         ids = set(self._snapshot_jobs.get(job_id, ()))
-        ids.update(i for i, t in self.overlay.items() if t is not None and t.job_id == job_id)
+        ids.update(self._overlay_jobs.get(job_id, ()))
         return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
 
     def set_node(self, i: int, state: NodeState) -> None:
@@ -100,6 +105,8 @@ class Workspace:
     def set_task(self, task_id: str, task: RunningTask | None) -> None:
         self.journal.append((_TASK, task_id, self.overlay.get(task_id, _ABSENT)))
         self.overlay[task_id] = task
+        if task is not None:
+            self._overlay_jobs.setdefault(task.job_id, set()).add(task_id)
 
     def undo_to(self, mark: int) -> None:
         """Undo journal entries after position `mark`, newest first."""

@@ -76,9 +76,9 @@ class _Search:
 
     def victims(self, job: JobSpec) -> list[RunningTask]:
         if self._victims is None:
-            ran, now = self.cycle.snapshot.running, self.cycle.now
-            movable = [t for t in self.cycle.workspace.running_tasks() if t.task_id in ran and (
-                t.checkpointable or t.preemptible and now - t.started_at <= self.max_lost_work_s)]
+            now = self.cycle.now
+            movable = [t for t in self.cycle.workspace.still_running() if
+                       t.checkpointable or t.preemptible and now - t.started_at <= self.max_lost_work_s]
             ordered = self.cycle.framework.victims.order_victims(job, movable)
             self._victims = sorted(ordered, key=lambda t: not t.checkpointable)
         return self._victims

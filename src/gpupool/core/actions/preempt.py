@@ -53,8 +53,8 @@ class PreemptAction(Action):
 
 def _by_queue(cycle: Cycle) -> dict[str, list[RunningTask]]:
     groups: dict[str, list[RunningTask]] = {}
-    for task in cycle.workspace.running_tasks():
-        if task.preemptible and task.task_id in cycle.snapshot.running:
+    for task in cycle.workspace.still_running():
+        if task.preemptible:
             groups.setdefault(task.queue, []).append(task)
     return groups
 

@@ -56,10 +56,9 @@ class ReclaimAction(Action):
             if job.queue not in tree.specs or attempts.known_to_fail(job) or not _under_share(cycle, job):
                 continue
             if evictable is None or units is None:
-                running = cycle.workspace.running_tasks()
-                units = _JobUnits(cycle, running)
+                units = _JobUnits(cycle)
                 evictable = list(cycle.framework.victims.order_victims(
-                    job, [t for t in running if _evictable(cycle, tree, t)]))
+                    job, [t for t in cycle.workspace.still_running() if _evictable(cycle, tree, t)]))
             candidates = others.get(job.queue)
             if candidates is None:
                 candidates = others[job.queue] = [t for t in evictable if t.queue != job.queue]
@@ -77,9 +76,9 @@ def _under_share(cycle: Cycle, job: JobSpec) -> bool:
 
 
 def _evictable(cycle: Cycle, tree: QueueTree, task: RunningTask) -> bool:
-    """May any other queue's job reclaim this task (it is preemptible, was running when the cycle began, and
-    has run its queue's minimum)?"""
-    if not task.preemptible or task.task_id not in cycle.snapshot.running:
+    """May any other queue's job reclaim this task, one that was running when the cycle began (it is
+    preemptible and has run its queue's minimum)?"""
+    if not task.preemptible:
         return False
     if task.queue not in tree.specs:
         return True
@@ -119,14 +118,12 @@ class _JobUnits:
     """GPU units each running job holds (victims are evicted whole), computed when first asked: a job's
     running tasks do not change within the cycle except by eviction, after which it is never asked again."""
 
-    def __init__(self, cycle: Cycle, running: list[RunningTask]) -> None:
-        self.cycle = cycle
-        self.tasks: dict[str, list[RunningTask]] = {}
-        for t in running:
-            self.tasks.setdefault(t.job_id, []).append(t)
+    def __init__(self, cycle: Cycle) -> None:
+        self.workspace = cycle.workspace
         self.memo: dict[str, int] = {}
 
     def __call__(self, job_id: str) -> int:
         if job_id not in self.memo:
-            self.memo[job_id] = sum(self.cycle.workspace.charge_of(t)[GPU_UNITS] for t in self.tasks[job_id])
+            ws = self.workspace
+            self.memo[job_id] = sum(ws.charge_of(t)[GPU_UNITS] for t in ws.job_tasks(job_id))
         return self.memo[job_id]

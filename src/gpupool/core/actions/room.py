@@ -31,7 +31,7 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
               reason: str = "preempted", fenced: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     """(node index, victims used) for a node off `fenced` freed for `shape` within `allowance`; None if none
     works. Victims are moved to the best node off `move_off`, or evicted when `move_off` is None. `victims` are
-    tasks as they ran when the caller listed them (from `Workspace.running_tasks`)."""
+    tasks as they ran when the caller listed them (from `Workspace.still_running`)."""
     table = cycle.workspace.table
     by_node, freed = _by_node(cycle, victims)
     candidates = []
