@@ -34,6 +34,19 @@ def test_borrowing_and_lending(a, b, want_max):
     assert max(admits) == want_max
 
 
+def test_without_the_cluster_bound_a_parent_of_the_clusters_capacity_does_not_bound_its_children():
+    # before placement the cluster's capacity is left to placement, and so is what siblings keep unlent of it
+    # (checked after placement); a parent's own capacity (guarantee plus borrow limit) and limits still refuse
+    tree = _tree({}, {"lend_limit": rv(gpu=1)})
+    assert admission_reason(tree, {}, "a", rv(gpu=40), None) == ""
+    assert "while its siblings keep 11" in admission_reason(tree, {}, "a", rv(gpu=11), rv(gpu=21))
+    assert "the cluster has 21" in admission_reason(tree, {"b": rv(gpu=12)}, "a", rv(gpu=10), rv(gpu=21))
+    org = QueueTree([QueueSpec("org", guaranteed=rv(gpu=2), borrow_limit=rv(gpu=1)), QueueSpec("x", parent="org"),
+                     QueueSpec("y", parent="org", limit=rv(gpu=1))])
+    assert "org has 3 gpu for its children" in admission_reason(org, {}, "x", rv(gpu=4), None)
+    assert "would exceed its gpu limit" in admission_reason(org, {}, "y", rv(gpu=2), None)
+
+
 def test_limit_caps_and_names_the_queue():
     tree = QueueTree([QueueSpec("a", guaranteed=rv(gpu=1000), limit=rv(gpu=4000))])
     assert admission_reason(tree, {}, "a", rv(gpu=4000), rv(gpu=8000)) == ""
@@ -95,8 +108,9 @@ def _opt(draw_value):
                           st.one_of(st.none(), st.integers(0, 8)), st.one_of(st.none(), st.integers(0, 8))),
                 min_size=5, max_size=5),
        st.lists(st.integers(0, 12), min_size=3, max_size=3), st.integers(0, 40), st.sampled_from(["a1", "a2", "b1"]),
-       st.sampled_from(["a1", "a2", "b1"]), st.integers(0, 6))
-def test_the_headroom_is_exactly_what_admission_allows(rules, leaf_usage, cluster_gpus, leaf, other, extra):
+       st.sampled_from(["a1", "a2", "b1"]), st.integers(0, 6), st.booleans())
+def test_the_headroom_is_exactly_what_admission_allows(rules, leaf_usage, cluster_gpus, leaf, other, extra,
+                                                       unbounded):
     # research (a1, a2) and product (b1) under the cluster; each queue draws (guaranteed, limit, borrow, lend)
     names, parents = ["a", "b", "a1", "a2", "b1"], [None, None, "a", "a", "b"]
     tree = QueueTree([QueueSpec(n, parent=p, guaranteed=rv(gpu=g), limit=_opt(lim), borrow_limit=_opt(bor),
@@ -105,12 +119,20 @@ def test_the_headroom_is_exactly_what_admission_allows(rules, leaf_usage, cluste
     used = {}
     for name, amount in zip(["a1", "a2", "b1"], leaf_usage, strict=True):
         add_usage(used, tree, name, rv(gpu=amount))
-    cluster = rv(gpu=cluster_gpus)
-    room = headroom(tree, used, leaf, cluster)[G]
+    # unbounded: the cluster's capacity is no rule (a check before placement); a resource no rule bounds is left out
+    cluster = None if unbounded else rv(gpu=cluster_gpus)
+    rooms = headroom(tree, used, leaf, cluster)
+    if G not in rooms:
+        assert unbounded and admission_reason(tree, used, leaf, rv(gpu=10**6), cluster) == ""
+        return
+    room = rooms[G]
     if room >= 0:
         assert admission_reason(tree, used, leaf, rv(gpu=room), cluster) == ""
     assert admission_reason(tree, used, leaf, rv(gpu=max(0, room + 1)), cluster) != ""
+    # without the cluster's bound, admission allows at least as much
+    assert room <= headroom(tree, used, leaf, None).get(G, room)
     # any queue taking `extra` more shrinks the room by at most `extra`; giving it back never shrinks it
     grown = dict(used)
     add_usage(grown, tree, other, rv(gpu=extra))
     assert room - extra <= headroom(tree, grown, leaf, cluster)[G] <= room
+

@@ -12,15 +12,23 @@ from gpupool.core import (
     FixedClock,
     Framework,
     PendingKind,
+    QueueSpec,
+    QueueTree,
+    ResourceVector,
     default_registry,
     run_cycle,
     scheduling_profile,
 )
 from gpupool.core.actions.reservations import MIN_UNKNOWN_REMAINING_S, planned_end
+from gpupool.core.queues import GPU_UNITS
 from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
 
 ONE, TWO = make_shape(1000), make_shape(1000, gpu_count=2)
 NOW = 1000.0
+
+
+def rv(gpu_milli: int) -> ResourceVector:
+    return ResourceVector({GPU_UNITS: gpu_milli})
 
 
 def _cycle(jobs, unknown_started_at):
@@ -101,3 +109,23 @@ def test_per_table_memos_start_again_past_their_limit():
     for k in range(3 * SHAPES_MEMO_LIMIT):
         _memo(table, "owner")[k] = k
         assert len(_memo(table, "owner")) <= SHAPES_MEMO_LIMIT + 1
+
+
+def test_a_gang_the_full_cluster_has_no_room_for_waits_for_room_with_a_reservation_not_as_over_quota():
+    # 3 of the 4 GPUs are busy (b's tasks end at t=1100 and t=1300); a's 4-GPU gang is within every queue rule, but
+    # the queues' usage would exceed the cluster: that is no room, not a quota, so the gang gets a reservation (it
+    # was refused as over quota every cycle, never reserved, and starved behind jobs that fit the freed GPUs)
+    tree = QueueTree([QueueSpec("a", guaranteed=rv(2000)), QueueSpec("b", guaranteed=rv(2000))])
+    table = table_of(make_node("n1", gpus=2), make_node("n2", gpus=2))
+    running = {}
+    for task_id, node, end in (("b1/0", "n1", NOW + 100), ("b2/0", "n1", NOW + 300), ("b3/0", "n2", NOW + 300)):
+        running[task_id] = replace(run_on(table, running, node, task_id, ONE, queue="b"), expected_end=end)
+    gang = make_job("gang", TWO, TWO, queue="a", runtime_estimate_s=50)
+    small = make_job("small", ONE, queue="b", submitted_at=1, runtime_estimate_s=1000)
+    profile = scheduling_profile("fifo", "bestfit").with_args("allocate", backfill="easy")
+    result = run_cycle(ClusterSnapshot(table, (gang, small), running, queues=tree),
+                       Framework.build(profile, default_registry()), clock=FixedClock(NOW), rng=random.Random(0))
+    assert result.pending["gang"].kind is PendingKind.BACKFILL_WINDOW
+    assert "from t=1300" in result.pending["gang"].message
+    # the free GPU stays free for the gang: "small" would still run at t=1300
+    assert result.pending["small"].kind is PendingKind.RESERVED_FOR and result.decisions == ()

@@ -129,6 +129,8 @@ class Cycle:
 
     def quota_precheck(self, job: JobSpec) -> str:
         """Before placing: "" unless the job's queues surely cannot hold it (its cheapest charge breaks a rule).
+        The cluster's own capacity is left to placement: a job the cluster has no room for waits for room (and
+        may get a reservation) rather than being refused as over quota.
 
         The rules read only some resources (`QueueTree.checks`), and only those of the charge are compared. Usage
         only grows while allocating, so a charge that failed in a queue fails again for any job of that queue
@@ -145,12 +147,12 @@ class Cycle:
         for failed, reason in self._quota_failures.get(job.queue, []):
             if all(charge[r] >= v for r, v in failed):
                 return reason
-        reason = admission_reason(self.tree, self.workspace.usage, job.queue, charge, self.capacity)
+        reason = admission_reason(self.tree, self.workspace.usage, job.queue, charge, None)
         if reason:
             self._quota_failures.setdefault(job.queue, []).append((checked, reason))
         else:
             self._quota_passes[(job.queue, checked)] = seq
-            self._rooms[job.queue] = (headroom(self.tree, self.workspace.usage, job.queue, self.capacity),
+            self._rooms[job.queue] = (headroom(self.tree, self.workspace.usage, job.queue, None),
                                       dict(self.workspace.growth))
         return reason
 

@@ -83,11 +83,15 @@ class _LevelRule:
         return cls(name, spec.guaranteed[resource], _cap(spec.limit, resource), _cap(spec.borrow_limit, resource),
                    siblings, capacity, limit, spec.parent or "the cluster")
 
-    def capacity(self, cluster: ResourceVector, resource: str) -> int:
+    def capacity(self, cluster: ResourceVector | None, resource: str) -> int | None:
         """The parent's capacity for its children: the cluster's at the root, else the parent's guarantee plus
-        what it may borrow, capped by its limit."""
-        capacity = cluster[resource] if self.parent_capacity is None else self.parent_capacity
-        return capacity if self.parent_limit is None else min(capacity, self.parent_limit)
+        what it may borrow, capped by its limit; None where that is the cluster's and `cluster` is None."""
+        capacity = self.parent_capacity
+        if capacity is None and cluster is not None:
+            capacity = cluster[resource]
+        if self.parent_limit is None:
+            return capacity
+        return self.parent_limit if capacity is None else min(capacity, self.parent_limit)
 
 
 def _rule(tree: QueueTree, name: str, resource: str) -> _LevelRule:
@@ -100,7 +104,7 @@ def _rule(tree: QueueTree, name: str, resource: str) -> _LevelRule:
 
 
 def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
-                  cluster: ResourceVector, extra: int) -> str:
+                  cluster: ResourceVector | None, extra: int) -> str:
     """The first rule queue `name` breaks in `resource` if it held `extra` more (its siblings unchanged)."""
     mine = used.get(name, _NONE)[resource] + extra
     if resource.startswith(NON_PREEMPTIBLE):
@@ -121,7 +125,7 @@ def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector]
         if lend is not None:  # a sibling keeps the unused guarantee it does not lend
             kept += max(0, max(0, guaranteed - theirs) - lend)
     capacity = rule.capacity(cluster, resource)
-    if level + kept > capacity:
+    if capacity is not None and level + kept > capacity:
         kept_note = f" while its siblings keep {kept} they do not lend" if kept else ""
         return (f"queue {name}: {rule.parent} has {capacity} {resource} for its children, they would use "
                 f"{level}{kept_note}")
@@ -129,11 +133,15 @@ def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector]
 
 
 def admission_reason(tree: QueueTree, used: Mapping[str, ResourceVector], queue: str, charge: ResourceVector,
-                     cluster: ResourceVector) -> str:
+                     cluster: ResourceVector | None) -> str:
     """"" if `queue` may take `charge` on top of `used` (usage per queue incl. ancestors), else why not.
 
     Every resource the leaf would then use is checked at every level of its path; a charge raises only
-    the path's usage, so the siblings that the lending rule reads are the same before and after.
+    the path's usage, so the siblings that the lending rule reads are the same before and after. With
+    `cluster` None (a check before placement), a parent whose capacity is the cluster's does not bound its
+    children: a job the cluster has no room for is left to placement, which finds no node for it (it waits for
+    room, and may get a reservation) instead of being refused as over quota; what siblings keep unlent of the
+    cluster is then checked after placement, with the cluster given.
     """
     if queue not in tree.specs or not tree.is_leaf(queue):
         return f"unknown leaf queue {queue!r}"
@@ -148,19 +156,26 @@ def admission_reason(tree: QueueTree, used: Mapping[str, ResourceVector], queue:
 
 
 def headroom(tree: QueueTree, used: Mapping[str, ResourceVector], queue: str,
-             cluster: ResourceVector) -> dict[str, int]:
+             cluster: ResourceVector | None) -> dict[str, int]:
     """Per resource the admission rules read: the most leaf `queue` could take on top of `used` with every rule
-    still kept (negative when one is already broken). A charge within it on every resource is admitted
-    (`admission_reason` gives ""); each rule's room shrinks by at most what any queue's usage grows."""
+    still kept (negative when one is already broken); a resource no rule bounds (possible with `cluster` None)
+    is left out. A charge within it on every resource is admitted (`admission_reason` with the same `cluster`
+    gives ""); each rule's room shrinks by at most what any queue's usage grows."""
     if queue not in tree.specs or not tree.is_leaf(queue):
         raise ValueError(f"unknown leaf queue {queue!r}")
     resources = sorted(r for r in {*tree.constrained, NON_PREEMPTIBLE + GPU_UNITS} if tree.checks(r))
-    return {r: min(_level_room(tree, name, used, r, cluster) for name in tree.paths[queue]) for r in resources}
+    rooms = {}
+    for r in resources:
+        bounded = [room for name in tree.paths[queue]
+                   if (room := _level_room(tree, name, used, r, cluster)) is not None]
+        if bounded:
+            rooms[r] = min(bounded)
+    return rooms
 
 
 def _level_room(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
-                cluster: ResourceVector) -> int:
-    """The most queue `name` could take of `resource` before `_level_reason` names a rule."""
+                cluster: ResourceVector | None) -> int | None:
+    """The most queue `name` could take of `resource` before `_level_reason` names a rule (None: no bound)."""
     mine = used.get(name, _NONE)[resource]
     if resource.startswith(NON_PREEMPTIBLE):
         return tree.specs[name].guaranteed[resource.removeprefix(NON_PREEMPTIBLE)] - mine
@@ -171,12 +186,13 @@ def _level_room(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], 
         level += theirs
         if lend is not None:
             kept += max(0, max(0, guaranteed - theirs) - lend)
-    room = rule.capacity(cluster, resource) - level - kept
+    capacity = rule.capacity(cluster, resource)
+    rooms = [] if capacity is None else [capacity - level - kept]
     if rule.limit is not None:
-        room = min(room, rule.limit - mine)
+        rooms.append(rule.limit - mine)
     if rule.borrow is not None:
-        room = min(room, rule.guaranteed + rule.borrow - mine)
-    return room
+        rooms.append(rule.guaranteed + rule.borrow - mine)
+    return min(rooms, default=None)
 
 
 def admission_after(tree: QueueTree, after: Mapping[str, ResourceVector], queue: str,
