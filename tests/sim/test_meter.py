@@ -9,6 +9,7 @@ from gpupool.core.queues import GPU_UNITS
 from gpupool.core.testing.builders import make_job, make_node, make_shape
 from gpupool.sim.meter import QueueMeter
 from gpupool.sim.replay import JobArrival, Replay
+from gpupool.sim.replay_report import run_summary
 
 TREE = QueueTree([QueueSpec("a", guaranteed=ResourceVector({GPU_UNITS: 2000})),
                   QueueSpec("b", guaranteed=ResourceVector({GPU_UNITS: 2000}))])
@@ -37,6 +38,20 @@ def test_only_complete_windows_count_and_a_drain_window_is_one():
     assert meter.worst_deviation() == (pytest.approx(0.25), 1, "a")  # window 1: 50·2 + 50·1 of 200
     meter.advance(320.0)  # window 2 is complete now: a received half of what it was due
     assert meter.worst_deviation() == (pytest.approx(0.5), 2, "a")
+    assert [(w, q, received / fair) for w, q, received, fair in meter.window_deviations()] == [
+        (0, "a", 1.0), (1, "a", pytest.approx(0.75)), (2, "a", pytest.approx(0.5))]
+
+
+def test_the_summary_lists_every_window_of_every_queue_with_demand():
+    day = 86_400.0
+    run = _replay([_arrival("b-long", "b", 0.0, 2 * day, gpus=2), _arrival("a-long", "a", 1.0, 2 * day, gpus=2)],
+                  nodes=1)
+    summary = run_summary(run, timing=False)
+    windows = summary["fair_share_windows"]
+    assert windows and {row["window"] for row in windows} <= {0, 1, 2, 3}
+    assert {row["queue"] for row in windows} <= {"a", "b"}
+    worst = max(abs(row["deviation_pct"]) for row in windows)
+    assert worst == pytest.approx(summary["fair_share_max_deviation_pct"], abs=0.01) and worst > 0
 
 
 def _replay(arrivals, nodes=2):

@@ -79,15 +79,14 @@ class QueueMeter:
         return {q: Fraction(min(1.0, d.value / self.capacity.value)).limit_denominator(10**6)
                 for q, d in self.decayed.items()}
 
+    def window_deviations(self) -> list[tuple[int, str, float, float]]:
+        """Over full windows, per queue with pending demand and a positive fair share:
+        (window, queue, received, fair), in GPU-unit-seconds, by window then queue."""
+        complete = sorted(w for w in self.windows if self.start + (w + 1) * self.window_s <= self.t)
+        return [(w, queue, self.windows[w].received[queue], self.windows[w].fair[queue])
+                for w in complete for queue in sorted(self.windows[w].demand) if self.windows[w].fair[queue] > 0]
+
     def worst_deviation(self) -> tuple[float, int, str]:
         """Over full windows: (largest |received - fair| / fair among queues with pending demand, window, queue)."""
-        worst = (0.0, -1, "")
-        complete = [w for w in self.windows if self.start + (w + 1) * self.window_s <= self.t]
-        for w in complete:
-            totals = self.windows[w]
-            for queue in totals.demand:
-                fair = totals.fair[queue]
-                if fair > 0:
-                    deviation = abs(totals.received[queue] - fair) / fair
-                    worst = max(worst, (deviation, w, queue))
-        return worst
+        return max(((abs(received - fair) / fair, w, queue) for w, queue, received, fair in self.window_deviations()),
+                   default=(0.0, -1, ""))

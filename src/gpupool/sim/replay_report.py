@@ -9,6 +9,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from gpupool.core.metrics import ESTIMATE_BUCKETS, WAIT_BUCKETS_S, histogram, nearest_rank
+from gpupool.core.units import MILLI
 from gpupool.sim.replay import ReplayRun
 
 SAMPLE_COLUMNS = ("trace", "policy", "seed", "time_s", "gpu_alloc_pct", "unallocated_gpus", "gfr_pct",
@@ -72,7 +73,12 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
         deviation, window, queue = run.meter.worst_deviation()
         summary.update({"quota_violations": sum(run.meter.violations.values()),
                         "fair_share_max_deviation_pct": round(100 * deviation, 2),
-                        "fair_share_worst": {"window": window, "queue": queue}})
+                        "fair_share_worst": {"window": window, "queue": queue},
+                        "fair_share_windows": [
+                            {"window": w, "queue": q, "gpu_hours": round(received / 3600 / MILLI, 2),
+                             "fair_share_gpu_hours": round(fair / 3600 / MILLI, 2),
+                             "deviation_pct": round(100 * (received - fair) / fair, 2)}
+                            for w, q, received, fair in run.meter.window_deviations()]})
     if timing and run.cycle_seconds:
         cycle_ms = [1000 * s for s in run.cycle_seconds]
         summary.update({"cycle_p50_ms": round(nearest_rank(cycle_ms, 50), 3),
@@ -102,8 +108,8 @@ def queue_rows(trace: str, policy: str, seed: int, run: ReplayRun) -> list[dict[
     for queue in sorted(meter.tree.specs):
         records = [r for r in run.records.values() if queue in meter.tree.paths.get(r.job.queue, ())]
         waits = [r.first_start - r.submit for r in records if r.first_start is not None]
-        received = sum(w.received[queue] for w in meter.windows.values()) / 1000 / 3600
-        fair = sum(w.fair[queue] for w in meter.windows.values()) / 1000 / 3600
+        received = sum(w.received[queue] for w in meter.windows.values()) / MILLI / 3600
+        fair = sum(w.fair[queue] for w in meter.windows.values()) / MILLI / 3600
         rows.append({"trace": trace, "policy": policy, "seed": str(seed), "queue": queue, "jobs": str(len(records)),
                      "gpu_hours": f"{received:.2f}", "fair_share_gpu_hours": f"{fair:.2f}",
                      "mean_wait_s": f"{statistics.fmean(waits):.1f}" if waits else "",
