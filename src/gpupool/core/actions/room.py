@@ -35,7 +35,7 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     table = cycle.workspace.table
     by_node, freed = _by_node(cycle, victims)
     candidates = []
-    for _, _, i in sorted((milli, table.names[i], i) for i, milli in freed.items()):
+    for _, i in sorted((milli, i) for i, milli in freed.items()):  # nodes are indexed in name order
         kind = table.kinds[i]
         if i in fenced:
             continue
