@@ -62,8 +62,8 @@ class Node:
 
 
 def open_channel(cluster: Cluster, credential: str, context: ssl.SSLContext) -> Any:
-    """As an agent opens it (`hand_tls.open_channel`: once more after an unanswered handshake, the open bug of
-    issue 4, which hit this file too)."""
+    """As an agent opens it (`hand_tls.open_channel`, which records the control plane's stacks if the handshake
+    goes unanswered)."""
     assert cluster.server is not None
     return hand_tls.open_channel(cluster.server, context, credential, open_timeout=15)
 
@@ -128,6 +128,15 @@ def test_a_certificate_from_another_ca_fails_the_handshake(cluster: Cluster, tmp
             open_channel(cluster, node.credential, context).close()
         with open_channel(cluster, node.credential, node.context) as ws:  # its own certificate works
             assert hello_acked(ws)
+
+
+def test_no_session_resumes_so_every_connection_shows_its_certificate(cluster: Cluster) -> None:  # noqa: F811
+    node = Node(cluster)
+    with open_channel(cluster, node.credential, node.context) as ws:
+        assert hello_acked(ws)  # a TLS 1.3 server sends its tickets after the handshake: read past them
+        tls = ws.socket
+        assert isinstance(tls, ssl.SSLSocket) and tls.version() == "TLSv1.3"
+        assert tls.session is not None and not tls.session.has_ticket
 
 
 # case 3 (binding) and case 8: whose certificate, and still valid? -----------------------------------------------------
