@@ -138,7 +138,7 @@ def server_log(data_dir: Path, port: int) -> Path:
 
 def record_stall(server: Server, what: str) -> Path:
     """Append `what`, every thread's stack in the control plane (SIGUSR1) and its log's tail to
-    TMPDIR/gpupool-stalls.log, the file a test run leaves to explain a stall it survived; returns that path."""
+    TMPDIR/gpupool-stalls.log, the file a test run leaves to explain a stall; returns that path."""
     if server.process.poll() is None:
         server.process.send_signal(signal.SIGUSR1)
         time.sleep(1.0)
