@@ -62,8 +62,7 @@ class Node:
 
 
 def open_channel(cluster: Cluster, credential: str, context: ssl.SSLContext) -> Any:
-    """As an agent opens it (`hand_tls.open_channel`, which records the control plane's stacks if the handshake
-    goes unanswered)."""
+    """As an agent opens it (`hand_tls.open_channel`)."""
     assert cluster.server is not None
     return hand_tls.open_channel(cluster.server, context, credential, open_timeout=15)
 

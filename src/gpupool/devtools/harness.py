@@ -136,19 +136,6 @@ def server_log(data_dir: Path, port: int) -> Path:
     return data_dir.parent / f"server-{port}.log"
 
 
-def record_stall(server: Server, what: str) -> Path:
-    """Append `what`, every thread's stack in the control plane (SIGUSR1) and its log's tail to
-    TMPDIR/gpupool-stalls.log, the file a test run leaves to explain a stall; returns that path."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGUSR1)
-        time.sleep(1.0)
-    tail = server_log(server.data_dir, server.port).read_text(errors="replace").splitlines()[-400:]
-    out = Path(tempfile.gettempdir()) / "gpupool-stalls.log"
-    with out.open("a") as f:
-        f.write(f"=== {time.strftime('%H:%M:%S')} {what} ({server.url})\n" + "\n".join(tail) + "\n")
-    return out
-
-
 def stable_port() -> int:
     """A free loopback port below the kernel's ephemeral range, so that no outgoing connection takes it while
     a killed control plane is restarted on it."""
