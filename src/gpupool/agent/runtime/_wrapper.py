@@ -4,8 +4,10 @@ Usage: `python -I -S _wrapper.py EXIT_FILE [LEASE_FILE FENCE_S GRACE_S] -- COMMA
 only (it runs with -S).
 
 The wrapper leads the workload's process group, so a signal sent to the group reaches the command directly; the
-wrapper itself ignores SIGTERM/SIGINT/SIGHUP (with a no-op handler, which exec resets to the default in the
-command) and keeps waiting. When the command ends it writes the exit code (shell convention: 128 + N after signal
+wrapper itself only notes SIGTERM/SIGINT/SIGHUP (with a handler, which exec resets to the default in the command)
+and keeps waiting. A signal that came before the command started never reached it: noted before, the command is not
+started (exit code 128 + N); noted while it was being started, it is sent on to the command (which may then get it
+twice). When the command ends it writes the exit code (shell convention: 128 + N after signal
 N, 127 when the command cannot be started) to EXIT_FILE atomically, then exits with that code. Only a SIGKILL of
 the wrapper itself loses the code; the agent that sent it records 137 instead.
 
@@ -27,8 +29,12 @@ import time
 FENCED_FILE = "fenced"
 
 
-def _ignore(signum, frame):
-    """A no-op handler: the group signal already reached the command."""
+#: termination signals received so far (the command, once running, got them from the group itself)
+_received = []
+
+
+def _note(signum, frame):
+    _received.append(signum)
 
 
 def _code(returncode):
@@ -83,11 +89,15 @@ def _watch(child, exit_file, lease_file, fence_s, grace_s):
 
 
 def _run(command, exit_file, lease):
+    if _received:
+        return 128 + _received[0]
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"gpupool: cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         return 127
+    if _received:
+        child.send_signal(_received[0])
     if lease is None:
         return _code(child.wait())
     return _code(_watch(child, exit_file, lease[0], float(lease[1]), float(lease[2])))
@@ -108,7 +118,7 @@ def main(argv):
         print("usage: _wrapper.py EXIT_FILE [LEASE_FILE FENCE_S GRACE_S] -- COMMAND [ARG...]", file=sys.stderr)
         return 2
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _ignore)
+        signal.signal(signum, _note)
     code = _run(argv[split + 1:], argv[1], argv[2:5] if split == 5 else None)
     _record(argv[1], code)
     return code
