@@ -127,3 +127,51 @@ def test_wait_regressions_count_jobs_later_than_fifo_by_more_than_their_estimate
             row("default", "d", "5000")]  # never started under fifo: not comparable
     assert wait_regressions(rows) == {"t/default/1": {"jobs": 4, "waited_longer_than_fifo_plus_estimate": 1,
                                                       "started_under_fifo_only": 1, "worst_excess_s": 40.0}}
+
+
+def test_wait_regressions_compare_a_run_with_a_job_left_out_against_fifo_without_it():
+    from gpupool.sim.replay_report import wait_regressions
+
+    def row(policy, job, wait):
+        return {"trace": "t", "policy": policy, "seed": "1", "job": job, "wait_s": wait, "estimate_s": "10"}
+
+    rows = [row("fifo", "a", "0"), row("fifo", "b", "0"),
+            row("fifo-without-c", "a", "50"), row("fifo-without-c", "b", "0"),  # a: 40 s beyond fifo
+            row("default-without-c", "a", "50"), row("default-without-c", "b", "30")]  # b: 20 s beyond fifo-without-c
+    out = wait_regressions(rows)
+    assert out["t/fifo-without-c/1"]["waited_longer_than_fifo_plus_estimate"] == 1
+    assert out["t/fifo-without-c/1"]["worst_excess_s"] == 40.0
+    assert out["t/default-without-c/1"]["waited_longer_than_fifo_plus_estimate"] == 1
+    assert out["t/default-without-c/1"]["worst_excess_s"] == 20.0
+
+
+def test_leave_one_out_replays_each_profile_again_without_one_job(tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,4,A100\n" for i in range(2)))
+    pods = tmp_path / "wl.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                    "deletion_time,scheduled_time,queue\n" + "".join(
+                        f"p{i},4000,8192,{1 + i % 3},1000,,BE,Succeeded,{10 * i},{10 * i + 300 + 50 * i},{10 * i},"
+                        f"{'ab'[i % 2]}\n" for i in range(12)))
+    queues = tmp_path / "q.yaml"
+    queues.write_text("queues:\n  - name: a\n    guaranteed: {gpus: 4}\n  - name: b\n    guaranteed: {gpus: 4}\n")
+    base = [sys.executable, "-m", "gpupool.cli.main", "sim", "replay", "--nodes", str(nodes), "--pods", str(pods),
+            "--queues", str(queues), "--assign", "column", "--profile", "fifo,default", "--quiet", "--jobs", "1"]
+    run = subprocess.run([*base, "--out", str(tmp_path / "out"), "--leave-one-out", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    jobs = list(csv.DictReader((tmp_path / "out" / "jobs.csv").open()))
+    by_run: dict[str, set[str]] = {}
+    for r in jobs:
+        by_run.setdefault(r["policy"], set()).add(r["job"])
+    perturbed = sorted(p for p in by_run if "-without-" in p)
+    assert len(perturbed) == 4 and by_run["fifo"] == by_run["default"] == {f"p{i}" for i in range(12)}
+    for label in perturbed:
+        profile, _, left = label.partition("-without-")
+        assert profile in ("fifo", "default") and by_run[label] == by_run["fifo"] - {left}
+        assert f"{'fifo' if profile == 'default' else profile}-without-{left}" in by_run
+    regressions = json.loads((tmp_path / "out" / "summary.json").read_text())["wait_regressions_vs_fifo"]
+    assert sorted(regressions) == sorted(["wl/default/42", *(f"wl/{p}/42" for p in perturbed)])
+    refused = subprocess.run([*base, "--out", str(tmp_path / "x"), "--leave-one-out", "13"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--leave-one-out" in refused.stderr and "12 jobs" in refused.stderr

@@ -209,6 +209,10 @@ def replay(
                                        + ", ".join(SCHEDULING_PROFILES)),
     time_scale: float = typer.Option(1.0, min=1e-6, help="divide arrival times by this (raises the load)"),
     node_stride: int = typer.Option(1, min=1, help="use every K-th node of the node list (a smaller cluster)"),
+    leave_one_out: int = typer.Option(0, min=0, help=(
+        "also replay every profile N more times, each with one job of the trace left out (drawn with the seed); "
+        "summary.json then compares each with fifo without the same job, and fifo with fifo: how far one job's "
+        "absence moves the per-job comparison")),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -223,8 +227,9 @@ def replay(
         raise typer.BadParameter("must be hash or column", param_hint="--assign")
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
-                            node_stride)
+                            node_stride, leave_one_out)
     try:
+        _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
                                    shlex.join(["gpupool", *sys.argv[1:]]), quiet)
     except TraceError as exc:
@@ -244,6 +249,18 @@ def replay(
                                           "fair_share_max_deviation_pct")))
     console.print(table)
     console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")
+
+
+def _enough_jobs(pods: list[Path], leave_one_out: int) -> None:
+    from gpupool.sim.experiment import load_pods
+
+    if not leave_one_out:
+        return
+    for p in pods:
+        count = len(load_pods(str(p)))
+        if leave_one_out > count:
+            raise typer.BadParameter(f"{leave_one_out} is more than the {count} jobs of {p}",
+                                     param_hint="--leave-one-out")
 
 
 @app.command()

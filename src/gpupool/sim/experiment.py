@@ -133,10 +133,13 @@ class ReplayTask:
     assign: str = "hash"
     time_scale: float = 1.0
     node_stride: int = 1
+    #: a job of the trace to leave out (a perturbed run), or None
+    leave_out: str | None = None
 
     @property
     def label(self) -> str:
-        return self.profile or self.policy
+        name = self.profile or self.policy
+        return name if self.leave_out is None else f"{name}{replay_report.WITHOUT}{self.leave_out}"
 
 
 def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str = "hash",
@@ -178,6 +181,8 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     nodes = list(load_nodes(task.nodes))[:: task.node_stride]
     pods = list(load_pods(task.pods))
     require_times(task.pods, pods)
+    if task.leave_out is not None:
+        pods = [p for p in pods if p.name != task.leave_out]
     tree = load_queues(task.queues) if task.queues else None
     arrivals = openb_arrivals(pods, tree, task.assign, task.time_scale)
     run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree).run()
@@ -217,6 +222,16 @@ class ReplayOptions:
     assign: str = "hash"
     time_scale: float = 1.0
     node_stride: int = 1
+    #: perturbed runs per trace, profile and seed, each with one job left out
+    leave_one_out: int = 0
+
+
+def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
+    """`count` distinct job names of the pod list, drawn with `seed` (the same for every profile)."""
+    names = sorted(p.name for p in load_pods(str(pods)))
+    if count > len(names):
+        raise ValueError(f"--leave-one-out: {count} is more than the {len(names)} jobs of {pods}")
+    return random.Random(seed).sample(names, count)
 
 
 def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], out: Path, jobs: int,
@@ -226,10 +241,13 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     if options.queues:
         load_queues(options.queues)
     out.mkdir(parents=True, exist_ok=True)
+    # the unperturbed run first (None), then one per job left out
+    left_out = {(p, seed): [None, *left_out_jobs(p, seed, options.leave_one_out)] for p in pods for seed in seeds}
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
-                        options.node_stride)
-             for p in pods for profile in options.profiles for policy in policies for seed in seeds]
+                        options.node_stride, left_out[(p, seed)][k])
+             for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
+             for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
     samples = [row for s, _, _, _ in results for row in s]
     replay_report.write_csv(out / "results.csv", replay_report.SAMPLE_COLUMNS, samples)

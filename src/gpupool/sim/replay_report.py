@@ -131,16 +131,25 @@ def estimate_accuracy(run: ReplayRun) -> dict[str, object]:
             "jtted_buckets": histogram(ratios, ESTIMATE_BUCKETS)}
 
 
+#: joins a policy's label and the job left out of its run (`fifo-without-job-000042`)
+WITHOUT = "-without-"
+
+
 def wait_regressions(rows: Sequence[dict[str, str]], baseline: str = "fifo") -> dict[str, dict[str, object]]:
     """Per (trace, policy, seed) run other than `baseline`: how many jobs waited longer than under `baseline`
     (same trace and seed) by more than their own runtime estimate, and the worst such excess in seconds.
-    A job that started under the baseline but never under the other run counts as one."""
+    A job that started under the baseline but never under the other run counts as one.
+
+    A run with a job left out (`policy-without-JOB`) is compared with `baseline-without-JOB`, and
+    `baseline-without-JOB` with `baseline`: how far one job's absence moves the baseline itself."""
     runs: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
     for row in rows:
         runs.setdefault((row["trace"], row["policy"], row["seed"]), {})[row["job"]] = row
     out: dict[str, dict[str, object]] = {}
     for (trace, policy, seed), jobs in sorted(runs.items()):
-        base = runs.get((trace, baseline, seed))
+        name, without, job = policy.partition(WITHOUT)
+        reference = baseline + without + job if name != baseline else baseline
+        base = runs.get((trace, reference, seed))
         if policy == baseline or base is None:
             continue
         late, never, worst = 0, 0, 0.0
