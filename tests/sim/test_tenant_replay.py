@@ -145,7 +145,8 @@ def test_wait_regressions_compare_a_run_with_a_job_left_out_against_fifo_without
     assert out["t/default-without-c/1"]["worst_excess_s"] == 20.0
 
 
-def test_leave_one_out_replays_each_profile_again_without_one_job(tmp_path):
+def _tiny_tenant_replay(tmp_path):
+    """The command line of a replay of 12 jobs of two queues on two 4-GPU nodes, without --out."""
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,4,A100\n" for i in range(2)))
     pods = tmp_path / "wl.csv"
@@ -155,8 +156,12 @@ def test_leave_one_out_replays_each_profile_again_without_one_job(tmp_path):
                         f"{'ab'[i % 2]}\n" for i in range(12)))
     queues = tmp_path / "q.yaml"
     queues.write_text("queues:\n  - name: a\n    guaranteed: {gpus: 4}\n  - name: b\n    guaranteed: {gpus: 4}\n")
-    base = [sys.executable, "-m", "gpupool.cli.main", "sim", "replay", "--nodes", str(nodes), "--pods", str(pods),
+    return [sys.executable, "-m", "gpupool.cli.main", "sim", "replay", "--nodes", str(nodes), "--pods", str(pods),
             "--queues", str(queues), "--assign", "column", "--profile", "fifo,default", "--quiet", "--jobs", "1"]
+
+
+def test_leave_one_out_replays_each_profile_again_without_one_job(tmp_path):
+    base = _tiny_tenant_replay(tmp_path)
     run = subprocess.run([*base, "--out", str(tmp_path / "out"), "--leave-one-out", "2"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -175,3 +180,21 @@ def test_leave_one_out_replays_each_profile_again_without_one_job(tmp_path):
     refused = subprocess.run([*base, "--out", str(tmp_path / "x"), "--leave-one-out", "13"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--leave-one-out" in refused.stderr and "12 jobs" in refused.stderr
+
+
+def test_exact_estimates_give_every_job_its_true_duration(tmp_path):
+    base = _tiny_tenant_replay(tmp_path)
+    run = subprocess.run([*base, "--out", str(tmp_path / "out"), "--estimates", "exact"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    jobs = list(csv.DictReader((tmp_path / "out" / "jobs.csv").open()))
+    assert len(jobs) == 24 and all(r["preemptions"] == "0" for r in jobs)
+    assert all(float(r["estimate_s"]) == float(r["end_s"]) - float(r["start_s"]) for r in jobs)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["estimates"] == "exact"
+    predicted = subprocess.run([*base, "--out", str(tmp_path / "p")], capture_output=True, text=True, timeout=300)
+    assert predicted.returncode == 0, predicted.stderr
+    rows = list(csv.DictReader((tmp_path / "p" / "jobs.csv").open()))
+    assert any(not r["estimate_s"] or float(r["estimate_s"]) != float(r["end_s"]) - float(r["start_s"]) for r in rows)
+    refused = subprocess.run([*base, "--out", str(tmp_path / "x"), "--estimates", "perfect"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--estimates" in refused.stderr

@@ -213,6 +213,9 @@ def replay(
         "also replay every profile N more times, each with one job of the trace left out (drawn with the seed); "
         "summary.json then compares each with fifo without the same job, and fifo with fifo: how far one job's "
         "absence moves the per-job comparison")),
+    estimates: str = typer.Option("predicted", help=(
+        "runtime estimates: predicted (from past jobs of the same user, queue and shape, as in production) or "
+        "exact (each job's true duration: an oracle bound on what better estimates could buy)")),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -225,9 +228,11 @@ def replay(
         _existing(queues, "--queues")
     if assign not in ("hash", "column"):
         raise typer.BadParameter("must be hash or column", param_hint="--assign")
+    if estimates not in ("predicted", "exact"):
+        raise typer.BadParameter("must be predicted or exact", param_hint="--estimates")
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
-                            node_stride, leave_one_out)
+                            node_stride, leave_one_out, estimates == "exact")
     try:
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,

@@ -135,6 +135,8 @@ class ReplayTask:
     node_stride: int = 1
     #: a job of the trace to leave out (a perturbed run), or None
     leave_out: str | None = None
+    #: every job's runtime estimate is its true duration (an oracle), instead of the predictor's
+    exact_estimates: bool = False
 
     @property
     def label(self) -> str:
@@ -143,10 +145,11 @@ class ReplayTask:
 
 
 def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str = "hash",
-                   time_scale: float = 1.0) -> list[JobArrival]:
+                   time_scale: float = 1.0, exact_estimates: bool = False) -> list[JobArrival]:
     """One job per pod, arriving at its creation time (divided by `time_scale`) and running for its trace
     duration. With a queue tree, `assign` picks the leaf: "hash" (stable hash of the pod name) or "column"
-    (the pod list's `queue` column). Priority comes from the QoS class (LS/Guaranteed 10, Burstable 5, BE 0)."""
+    (the pod list's `queue` column). Priority comes from the QoS class (LS/Guaranteed 10, Burstable 5, BE 0).
+    With `exact_estimates` each job's runtime estimate is its duration; otherwise the replay's predictor gives it."""
     arrivals = []
     leaves = tree.leaves if tree else []
     for pod in pods:
@@ -156,9 +159,11 @@ def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str =
             queue = pod.queue if assign == "column" else assign_by_hash(pod.name, leaves)
         tasks = tuple(TaskSpec(f"{pod.name}/{k}", pod.shape) for k in range(pod.gang))
         at = pod.creation_time / time_scale
+        duration = float(pod_duration(pod))
         job = JobSpec(pod.name, tasks, queue=queue, priority=QOS_PRIORITY.get(pod.qos, 0), submitted_at=at,
-                      runtime_limit_s=pod.runtime_limit_s, user=pod.user)
-        arrivals.append(JobArrival(at, job, float(pod_duration(pod))))
+                      runtime_limit_s=pod.runtime_limit_s, user=pod.user,
+                      runtime_estimate_s=duration if exact_estimates else None)
+        arrivals.append(JobArrival(at, job, duration))
     return arrivals
 
 
@@ -184,7 +189,7 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     if task.leave_out is not None:
         pods = [p for p in pods if p.name != task.leave_out]
     tree = load_queues(task.queues) if task.queues else None
-    arrivals = openb_arrivals(pods, tree, task.assign, task.time_scale)
+    arrivals = openb_arrivals(pods, tree, task.assign, task.time_scale, task.exact_estimates)
     run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree).run()
     trace, label = trace_name(task.pods), task.label
     return (replay_report.sample_rows(trace, label, task.seed, run),
@@ -224,6 +229,7 @@ class ReplayOptions:
     node_stride: int = 1
     #: perturbed runs per trace, profile and seed, each with one job left out
     leave_one_out: int = 0
+    exact_estimates: bool = False
 
 
 def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
@@ -245,7 +251,7 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     left_out = {(p, seed): [None, *left_out_jobs(p, seed, options.leave_one_out)] for p in pods for seed in seeds}
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
-                        options.node_stride, left_out[(p, seed)][k])
+                        options.node_stride, left_out[(p, seed)][k], options.exact_estimates)
              for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
              for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
@@ -258,6 +264,7 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
                                 [r for _, _, q, _ in results for r in q])
     runs = [r for _, _, _, r in results]
     document = {"protocol": "replay", "seeds": seeds, "command": command, "tick_s": options.tick_s,
+                "estimates": "exact" if options.exact_estimates else "predicted",
                 "time_scale": options.time_scale, "queues": options.queues,
                 "traces": _mean_summaries(runs), "runs": runs,
                 "wait_regressions_vs_fifo": replay_report.wait_regressions(job_rows)}
