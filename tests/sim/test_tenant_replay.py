@@ -82,15 +82,23 @@ def test_hash_assignment_is_stable_and_spreads():
     assert all(60 < picks.count(leaf) < 140 for leaf in leaves)
 
 
-def test_generate_then_replay_with_queues_end_to_end(tmp_path):
+def _two_queues_on_a100s(tmp_path, node_count, guaranteed_gpus):
+    """A node list of `node_count` 4-GPU A100 nodes and a queue file of queues a and b, each guaranteed that many."""
     nodes = tmp_path / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,4,A100\n" for i in range(8)))
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                     + "".join(f"n{i},64000,262144,4,A100\n" for i in range(node_count)))
+    queues = tmp_path / "q.yaml"
+    queues.write_text("queues:\n" + "".join(f"  - name: {q}\n    guaranteed: {{gpus: {guaranteed_gpus}}}\n"
+                                            for q in "ab"))
+    return nodes, queues
+
+
+def test_generate_then_replay_with_queues_end_to_end(tmp_path):
+    nodes, queues = _two_queues_on_a100s(tmp_path, 8, 16)
     source = tmp_path / "src.csv"
     source.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
                       "deletion_time,scheduled_time\n" + "".join(
                           f"p{i},4000,8192,{1 + i % 2},1000,,BE,Succeeded,0,{600 + 60 * i},0\n" for i in range(20)))
-    queues = tmp_path / "q.yaml"
-    queues.write_text("queues:\n  - name: a\n    guaranteed: {gpus: 16}\n  - name: b\n    guaranteed: {gpus: 16}\n")
     base = [sys.executable, "-m", "gpupool.cli.main", "sim"]
     gen = subprocess.run([*base, "generate", "--nodes", str(nodes), "--queues", str(queues), "--source", str(source),
                           "--out", str(tmp_path / "wl.csv"), "--load", "1.2", "--days", "0.1", "--shares", "a=3,b=1"],
@@ -147,15 +155,12 @@ def test_wait_regressions_compare_a_run_with_a_job_left_out_against_fifo_without
 
 def _tiny_tenant_replay(tmp_path):
     """The command line of a replay of 12 jobs of two queues on two 4-GPU nodes, without --out."""
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,4,A100\n" for i in range(2)))
+    nodes, queues = _two_queues_on_a100s(tmp_path, 2, 4)
     pods = tmp_path / "wl.csv"
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
                     "deletion_time,scheduled_time,queue\n" + "".join(
                         f"p{i},4000,8192,{1 + i % 3},1000,,BE,Succeeded,{10 * i},{10 * i + 300 + 50 * i},{10 * i},"
                         f"{'ab'[i % 2]}\n" for i in range(12)))
-    queues = tmp_path / "q.yaml"
-    queues.write_text("queues:\n  - name: a\n    guaranteed: {gpus: 4}\n  - name: b\n    guaranteed: {gpus: 4}\n")
     return [sys.executable, "-m", "gpupool.cli.main", "sim", "replay", "--nodes", str(nodes), "--pods", str(pods),
             "--queues", str(queues), "--assign", "column", "--profile", "fifo,default", "--quiet", "--jobs", "1"]
 
