@@ -33,12 +33,17 @@ def gpus(n):
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 8), st.integers(0, 8), st.integers(1, 3), st.integers(1, 3),
        st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 4), st.integers(0, 10)), min_size=1, max_size=12),
-       st.sampled_from(["fair-share", "default", "drf", "priority"]))
-def test_displaced_jobs_never_evict_their_displacer(g_a, g_b, w_a, w_b, submissions, profile_name):
+       st.sampled_from(["fair-share", "default", "drf", "priority"]), st.booleans())
+def test_displaced_jobs_never_evict_their_displacer(g_a, g_b, w_a, w_b, submissions, profile_name, extended):
     tree = QueueTree([QueueSpec("A", guaranteed=gpus(g_a), over_quota_weight=w_a),
                       QueueSpec("B", guaranteed=gpus(g_b), over_quota_weight=w_b)])
     cluster = SimCluster([make_node(f"n{i}", gpus=4) for i in range(2)], tree)
-    framework = Framework.build(scheduling_profile(profile_name, "bestfit"), default_registry())
+    profile = scheduling_profile(profile_name, "bestfit")
+    if "reclaim" in profile.actions:  # with and without KAI's GuaranteeDeservedQuota strategy
+        profile = profile.with_args("reclaim", guarantee_deserved_quota=extended)
+    if "preempt" in profile.actions:  # with and without Kueue's LowerOrNewerEqualPriority
+        profile = profile.with_args("preempt", newer_equal_priority=extended)
+    framework = Framework.build(profile, default_registry())
     jobs = {f"j{k}": make_job(f"j{k}", *[make_shape(1000)] * size, queue=q, priority=prio, submitted_at=k)
             for k, (q, size, prio) in enumerate(submissions)}
     pending = dict(jobs)

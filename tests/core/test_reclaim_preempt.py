@@ -1,4 +1,5 @@
-"""Reclaim and preemption: the hand-computed cases of ALGORITHMS.md §4 (9-12), §5 (3) and §6 (1-2)."""
+"""Reclaim and preemption: the hand-computed cases of ALGORITHMS.md §4 (9-12), §5 (3) and §6 (1-2), and KAI's
+GuaranteeDeservedQuota reclaim strategy (§4.4, reclaim rule 2)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def gpus(n):
     return ResourceVector({GPU_UNITS: n * 1000})
 
 
-def _cycle(table, running, jobs, tree, profile="fair-share", now=3600.0):
-    framework = Framework.build(scheduling_profile(profile, "bestfit"), default_registry())
+def _cycle(table, running, jobs, tree, profile="fair-share", now=3600.0, reclaim=None):
+    chosen = scheduling_profile(profile, "bestfit")
+    framework = Framework.build(chosen.with_args("reclaim", **reclaim) if reclaim else chosen, default_registry())
     snapshot = ClusterSnapshot(table, tuple(jobs), running, queues=tree)
     from gpupool.core import run_cycle
     return run_cycle(snapshot, framework, clock=FixedClock(now), rng=random.Random(0))
@@ -59,6 +61,60 @@ def test_reclaim_refused_beyond_the_fair_share():
     result = _cycle(table, running, [make_job("b", *[ONE] * 6, queue="B")], tree)
     assert result.fair_shares["B"] == 4000
     assert result.decisions == () and "b" in result.pending
+
+
+def _a_over_its_guarantee_with_idle_pieces(b_guaranteed):
+    """Three 4-GPU nodes: A (guaranteed 2) runs seven 1-GPU jobs on n1 and n2, C (guaranteed 2) two on n3; the
+    three idle GPUs lie on n2 and n3. Fair shares for B asking one whole node: A 6, B 4, C 2."""
+    tree = QueueTree([QueueSpec("A", guaranteed=gpus(2)), QueueSpec("B", guaranteed=gpus(b_guaranteed)),
+                      QueueSpec("C", guaranteed=gpus(2))])
+    table = table_of(*[make_node(f"n{i}", gpus=4) for i in (1, 2, 3)])
+    running = {}
+    for k in range(7):
+        run_on(table, running, f"n{1 + k // 4}", f"a{k}/0", ONE, queue="A")
+    for k in range(2):
+        run_on(table, running, "n3", f"c{k}/0", ONE, queue="C")
+    return tree, table, running
+
+
+@pytest.mark.parametrize(("guarantee", "b_guaranteed", "want_evicted"),
+                         [(True, 6, {"a4", "a5", "a6"}), (True, 3, set()), (False, 6, set())],
+                         ids=["within B's guarantee: A keeps its own", "beyond B's guarantee: A keeps its share",
+                              "strategy off: A keeps its share"])
+def test_reclaim_guarantees_the_deserved_quota(guarantee, b_guaranteed, want_evicted):
+    # KAI's GuaranteeDeservedQuota: B's 4 GPUs fit its fair share, but taking them keeps A at its fair share (6)
+    # only if one GPU is taken, and the idle pieces fit no whole node. Within B's guarantee, A may fall to its own
+    # guarantee (2): the three jobs on n2 go. Beyond it, or with the strategy off, only MaintainFairShare applies
+    # and B waits.
+    tree, table, running = _a_over_its_guarantee_with_idle_pieces(b_guaranteed)
+    result = _cycle(table, running, [make_job("b", make_shape(1000, gpu_count=4), queue="B")], tree,
+                    reclaim={"guarantee_deserved_quota": guarantee})
+    assert (result.fair_shares["A"], result.fair_shares["B"], result.fair_shares["C"]) == (6000, 4000, 2000)
+    assert {d.job_id for d in result.decisions if isinstance(d, Evict)} == want_evicted
+    assert ("b" in result.pending) == (not want_evicted)
+
+
+def test_reclaim_looks_past_nodes_whose_victims_it_may_not_take():
+    # n1..n8 each hold a task of C (within its share: protected) and one of A (over its share); n9 holds two of
+    # A. All nine hold 2 GPUs of victims, but only on n9 can B's 2-GPU task fit without touching C.
+    tree = QueueTree([QueueSpec("A"), QueueSpec("B", guaranteed=gpus(2)), QueueSpec("C", guaranteed=gpus(8))])
+    table = table_of(*[make_node(f"n{i}", gpus=2) for i in range(1, 10)])
+    running = {}
+    for i in range(1, 9):
+        run_on(table, running, f"n{i}", f"c{i}/0", ONE, queue="C")
+        run_on(table, running, f"n{i}", f"a{i}/0", ONE, queue="A")
+    run_on(table, running, "n9", "a9/0", ONE, queue="A")
+    run_on(table, running, "n9", "a10/0", ONE, queue="A")
+    result = _cycle(table, running, [make_job("b", make_shape(1000, gpu_count=2), queue="B")], tree)
+    assert result.fair_shares["A"] == 8000
+    assert {d.job_id for d in result.decisions if isinstance(d, Evict)} == {"a9", "a10"}
+    assert [d.node for d in result.decisions if isinstance(d, Bind)] == ["n9"]
+
+
+def test_reclaim_refuses_a_guarantee_flag_that_is_not_a_bool():
+    with pytest.raises(ValueError, match="guarantee_deserved_quota"):
+        profile = scheduling_profile("fair-share", "bestfit")
+        Framework.build(profile.with_args("reclaim", guarantee_deserved_quota="yes"), default_registry())
 
 
 @pytest.mark.parametrize(("now", "want_evictions"), [(600.0, 0), (1800.0, 2)],
@@ -98,6 +154,26 @@ def test_preemption_inside_a_queue_takes_exactly_the_lower_priority_job():
     assert [d.job_id for d in result.decisions if isinstance(d, Evict)] == ["w2"]
     w4 = make_job("w4", make_shape(1000, gpu_count=2), queue="q", priority=5)
     assert _cycle(table, running, [w4], tree, profile="priority").decisions == ()
+
+
+@pytest.mark.parametrize(("newer_equal", "submitted_at", "want"), [(True, 20.0, ["w2"]), (True, 40.0, []),
+                                                                    (False, 20.0, [])],
+                         ids=["passed by w2: takes it", "newest: takes none", "option off: takes none"])
+def test_preemption_of_newer_jobs_of_equal_priority(newer_equal, submitted_at, want):
+    # Kueue's LowerOrNewerEqualPriority: w1 (submitted at 10) and w2 (at 30) fill the node, all priority 5
+    tree = QueueTree([QueueSpec("q", guaranteed=gpus(4))])
+    table = table_of(make_node("n", gpus=4))
+    running = {}
+    two = make_shape(1000, gpu_count=2)
+    run_on(table, running, "n", "w1/0", two, queue="q", priority=5, submitted_at=10.0)
+    run_on(table, running, "n", "w2/0", two, queue="q", priority=5, submitted_at=30.0)
+    framework = Framework.build(scheduling_profile("priority", "bestfit").with_args(
+        "preempt", newer_equal_priority=newer_equal), default_registry())
+    w3 = make_job("w3", two, queue="q", priority=5, submitted_at=submitted_at)
+    from gpupool.core import run_cycle
+    result = run_cycle(ClusterSnapshot(table, (w3,), running, queues=tree), framework, clock=FixedClock(3600.0),
+                       rng=random.Random(0))
+    assert [d.job_id for d in result.decisions if isinstance(d, Evict)] == want
 
 
 def test_two_gangs_never_split_the_cluster_three_and_three():

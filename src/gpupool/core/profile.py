@@ -90,10 +90,13 @@ SCHEDULING_PROFILES: dict[str, tuple[str, tuple[str, ...], dict[str, dict[str, A
     "priority": ("priority", ("allocate", "preempt"), {}),
     "drf": ("drf", ("allocate", "reclaim"), {}),
     # Enforces shares by reclaim across queues and preemption inside them; EASY reservations keep gangs from
-    # starving behind the jobs that evictions start (README replay: worst window 12.7 % instead of 13.4 %; 13.2 %
-    # since the quota precheck leaves the cluster's capacity to placement).
+    # starving behind the jobs that evictions start. Reclaim uses both of KAI's strategies, so a queue within its
+    # guaranteed quota gets it back even when idle pieces leave every queue short of its fair share, with up to
+    # 64 victims a cycle so that a gang of whole nodes can be freed (README replay: inference's 40-GPU gang
+    # starts 11,300 s sooner, its window goes from -13.2 % to -3.7 %, and the worst window from 13.2 % to 11.8 %).
     "fair-share": ("fair_share", ("allocate", "reclaim", "preempt"),
-                   {"allocate": {"backfill": "easy", "max_reservations": 2, "reserve_after_s": 7200.0}}),
+                   {"allocate": {"backfill": "easy", "max_reservations": 2, "reserve_after_s": 7200.0},
+                    "reclaim": {"guarantee_deserved_quota": True, "max_victims": 64}}),
     # gpupool's recommendation: fair share as an order (Slurm-style), not by eviction: queues below their
     # fair share go first; inside a queue jobs go by expected end (submission + estimate), and a job that has
     # waited a quarter of its own estimate goes before every job that has not, whatever their priorities

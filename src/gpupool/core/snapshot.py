@@ -35,6 +35,8 @@ class RunningTask:
     checkpointable: bool = False
     #: when the scheduler expects it to end (start + runtime estimate, else + limit); None = unknown
     expected_end: float | None = None
+    #: when its job was submitted
+    submitted_at: float = 0.0
 
     @property
     def is_movable(self) -> bool:

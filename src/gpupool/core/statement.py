@@ -162,7 +162,8 @@ class Statement:
         name = table.names[node]
         estimate = job.estimate_s
         placed = RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority, job.preemptible,
-                             self.now, job.checkpointable, None if estimate is None else self.now + estimate)
+                             self.now, job.checkpointable, None if estimate is None else self.now + estimate,
+                             job.submitted_at)
         self.ws.set_task(task.id, placed)
         self.ws.account(placed, +1)
         self._ops.append(Bind(job.id, task.id, name, task.shape, shares))

@@ -58,7 +58,7 @@ class SimCluster:
         task = RunningTask(bind.task_id, bind.job_id, bind.node, bind.shape, bind.shares,
                            job.queue if job else "default", job.priority if job else 0,
                            job.preemptible if job else True, now, job.checkpointable if job else False,
-                           None if estimate is None else now + estimate)
+                           None if estimate is None else now + estimate, job.submitted_at if job else 0.0)
         self.running[bind.task_id] = task
         self._account(task, +1)
         self.allocated_gpu_milli += bind.shape.total_gpu_milli

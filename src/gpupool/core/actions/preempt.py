@@ -4,8 +4,11 @@ victim plugin's order (least work lost first; computed once per queue and priori
 include tasks placed in this cycle, and a job is evicted whole. The statement commits only if the
 preemptor starts, within `max_victims` per cycle.
 
-No preemption cycles: a victim always has strictly lower priority than its preemptor, so the
-evicted job can never preempt back the job that evicted it.
+With `newer_equal_priority` (Kueue's `LowerOrNewerEqualPriority`), a victim may also have the preemptor's
+priority if its job was submitted strictly later: jobs that passed a waiting one of the same priority.
+
+No preemption cycles: a victim always has strictly lower priority than its preemptor, or the same priority and a
+strictly later submission, so the evicted job can never preempt back the job that evicted it.
 """
 
 from __future__ import annotations
@@ -24,31 +27,45 @@ if TYPE_CHECKING:
 class PreemptAction(Action):
     name = "preempt"
 
-    def __init__(self, max_victims: int = 16, max_attempts: int = 8) -> None:
+    def __init__(self, max_victims: int = 16, max_attempts: int = 8, newer_equal_priority: bool = False) -> None:
         if max_victims < 0 or max_attempts < 0:
             raise ValueError("preempt: max_victims and max_attempts must be >= 0")
+        if not isinstance(newer_equal_priority, bool):
+            raise ValueError("preempt: newer_equal_priority must be true or false")
         self.max_victims = max_victims
         self.max_attempts = max_attempts
+        self.newer_equal_priority = newer_equal_priority
 
     def execute(self, cycle: Cycle) -> None:
         left, attempts = self.max_victims, Attempts(self.max_attempts)
         by_queue = _by_queue(cycle)
-        found: dict[tuple[str, int], list[RunningTask]] = {}
+        found: dict[tuple[str, int, float], list[RunningTask]] = {}
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
             if attempts.known_to_fail(job):
                 continue
-            key = (job.queue, job.priority)
+            key = (job.queue, job.priority, job.submitted_at if self.newer_equal_priority else 0.0)
             if key not in found:
                 found[key] = list(cycle.framework.victims.order_victims(
-                    job, [t for t in by_queue.get(job.queue, []) if _eligible(cycle, job, t)]))
+                    job, [t for t in by_queue.get(job.queue, []) if self._eligible(cycle, job, t)]))
             if found[key]:
                 evicted = start_by_evicting(cycle, job, found[key], lambda t: True, left, "preempted")
                 attempts.record(job, evicted)
                 left -= evicted
                 if evicted:
                     by_queue, found = _by_queue(cycle), {}
+
+    def _eligible(self, cycle: Cycle, job: JobSpec, task: RunningTask) -> bool:
+        lower = task.priority < job.priority or (
+            self.newer_equal_priority and task.priority == job.priority and task.submitted_at > job.submitted_at)
+        if task.queue != job.queue or not lower or not task.preemptible:
+            return False
+        if task.task_id not in cycle.snapshot.running:
+            return False  # placed in this cycle
+        min_runtime = cycle.tree.specs[task.queue].preempt_min_runtime_s if cycle.tree and task.queue in \
+            cycle.tree.specs else 0.0
+        return cycle.now - task.started_at >= min_runtime
 
 
 def _by_queue(cycle: Cycle) -> dict[str, list[RunningTask]]:
@@ -57,13 +74,3 @@ def _by_queue(cycle: Cycle) -> dict[str, list[RunningTask]]:
         if task.preemptible:
             groups.setdefault(task.queue, []).append(task)
     return groups
-
-
-def _eligible(cycle: Cycle, job: JobSpec, task: RunningTask) -> bool:
-    if task.queue != job.queue or task.priority >= job.priority or not task.preemptible:
-        return False
-    if task.task_id not in cycle.snapshot.running:
-        return False  # placed in this cycle
-    min_runtime = cycle.tree.specs[task.queue].preempt_min_runtime_s if cycle.tree and task.queue in \
-        cycle.tree.specs else 0.0
-    return cycle.now - task.started_at >= min_runtime

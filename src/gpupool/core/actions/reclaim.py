@@ -11,6 +11,12 @@ with gangs, that lets one reclaim evict a 4-GPU job to free 1 GPU, pushing V far
 next cycle V reclaims back (a reclaim cycle, found by the Hypothesis test). Here, after a reclaim R is
 within its fair share and V is not under its own, so neither can take from the other in turn
 (property-tested). For 1-GPU victims both rules evict the same jobs (ALGORITHMS.md §4.4 cases 9-11).
+
+`guarantee_deserved_quota=True` adds KAI's second strategy, with the same after-removal check: a job whose
+side of the tree stays within its guaranteed quota with it may also take victims whose side keeps its own
+guaranteed quota, even below its fair share. Without it a guarantee is not one when idle pieces that no
+pending job fits leave every side short of its fair share (on the README's openb replay, inference, within
+its guarantee, waited 11.5 h for a 40-GPU gang). The `fair-share` profile turns it on; `drf` does not.
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ if TYPE_CHECKING:
 class ReclaimAction(Action):
     name = "reclaim"
 
-    def __init__(self, max_victims: int = 16, max_attempts: int = 8) -> None:
+    def __init__(self, max_victims: int = 16, max_attempts: int = 8, guarantee_deserved_quota: bool = False) -> None:
         if max_victims < 0 or max_attempts < 0:
             raise ValueError("reclaim: max_victims and max_attempts must be >= 0")
+        if not isinstance(guarantee_deserved_quota, bool):
+            raise ValueError("reclaim: guarantee_deserved_quota must be true or false")
         self.max_victims = max_victims
         self.max_attempts = max_attempts
+        self.guarantee_deserved_quota = guarantee_deserved_quota
 
     def execute(self, cycle: Cycle) -> None:
         tree = cycle.tree
@@ -63,7 +72,7 @@ class ReclaimAction(Action):
             if candidates is None:
                 candidates = others[job.queue] = [t for t in evictable if t.queue != job.queue]
             if any(cycle.workspace.running(t.task_id) is not None for t in candidates):
-                may_take = _KeepsShare(cycle, tree, job, units)
+                may_take = _KeepsShare(cycle, tree, job, units, self.guarantee_deserved_quota)
                 evicted = start_by_evicting(cycle, job, candidates, may_take, left, "reclaimed")
                 attempts.record(job, evicted)
                 left -= evicted
@@ -97,21 +106,45 @@ def diverging_queue(tree: QueueTree, reclaimer: str, victim: str) -> str:
 
 
 class _KeepsShare:
-    """May this victim be taken for `job`: does its side of the tree keep its allocatable share without it?"""
+    """May this victim be taken for `job`? Judged on the two sibling sides where the reclaimer's and the
+    victim's paths part, once the whole victim job is gone, by KAI's MaintainFairShare (the victim's side keeps
+    its allocatable share min(limit, max(guaranteed, fair share))) or, if `guarantee`, its
+    GuaranteeDeservedQuota (the reclaimer's side stays within its guaranteed quota with the job, and the
+    victim's side keeps its own)."""
 
-    def __init__(self, cycle: Cycle, tree: QueueTree, job: JobSpec, units: _JobUnits) -> None:
-        self.cycle, self.tree, self.job, self.units = cycle, tree, job, units
+    def __init__(self, cycle: Cycle, tree: QueueTree, job: JobSpec, units: _JobUnits, guarantee: bool) -> None:
+        self.cycle, self.tree, self.job, self.units, self.guarantee = cycle, tree, job, units, guarantee
+        # the reclaimer's side as it stands before the job: its own tasks placed while room is made are its demand
+        demand = demand_units(job, tree) if guarantee else 0
+        self.with_job = {q: self._used(q) + demand for q in tree.paths[job.queue]} if guarantee else {}
+        self.floors: dict[str, tuple[str, int, int | None]] = {}
 
     def __call__(self, task: RunningTask) -> bool:
         if task.queue not in self.tree.specs:
             return True
-        side = diverging_queue(self.tree, self.job.queue, task.queue)
+        floors = self.floors.get(task.queue)
+        if floors is None:
+            floors = self.floors[task.queue] = self._floors(task.queue)
+        side, share, guaranteed = floors
+        remaining = self._used(side) - self.units(task.job_id)
+        return remaining >= share or (guaranteed is not None and remaining >= guaranteed)
+
+    def _floors(self, victim_queue: str) -> tuple[str, int, int | None]:
+        """(the victim's side, the least it must keep by MaintainFairShare, and by GuaranteeDeservedQuota or None
+        where that strategy does not apply), fixed for the job within the cycle."""
+        side = diverging_queue(self.tree, self.job.queue, victim_queue)
         spec = self.tree.specs[side]
-        share = max(spec.guaranteed[GPU_UNITS], self.cycle.fair_shares.get(side, 0))
+        guaranteed = spec.guaranteed[GPU_UNITS]
+        share = max(guaranteed, self.cycle.fair_shares.get(side, 0))
         if spec.limit is not None and GPU_UNITS in spec.limit:
             share = min(share, spec.limit[GPU_UNITS])
-        remaining = self.cycle.workspace.usage.get(side, ResourceVector())[GPU_UNITS] - self.units(task.job_id)
-        return remaining >= share
+        mine = diverging_queue(self.tree, victim_queue, self.job.queue)
+        within = self.guarantee and self.with_job[mine] <= self.tree.specs[mine].guaranteed[GPU_UNITS]
+        return side, share, guaranteed if within else None
+
+    def _used(self, queue: str) -> int:
+        used = self.cycle.workspace.usage.get(queue)
+        return 0 if used is None else used[GPU_UNITS]
 
 
 class _JobUnits:

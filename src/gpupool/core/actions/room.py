@@ -2,9 +2,10 @@
 evicting whole jobs (preempt, reclaim). Shared by those actions; every change goes through the
 caller's Statement, and a candidate node that does not work out is rolled back.
 
-Candidates are the nodes where the task would fit if every victim task on them were gone, tried in
-order of least GPU to free, then name. On a candidate, victims (in the order given) are moved or
-evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
+Candidates are the nodes where the task would fit if every victim task on them that `may_take` allows now
+were gone: at most `CANDIDATE_NODES` of the first `LOOKED_NODES` nodes that would fit it with all their victims
+gone, in order of least victim GPU on them, then name. On a candidate, victims (in the order given) are moved
+or evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
 Evicting a task evicts every running task of its job, so no gang is left below its size; a moved task
 goes to the best node off the caller's `move_off` nodes.
 """
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from gpupool.core.cycle import Cycle
 
 CANDIDATE_NODES = 8
+#: nodes that would fit the task with all their victims gone, looked at for candidates (the bound on a search)
+LOOKED_NODES = 64
 
 
 def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence[RunningTask],
@@ -34,18 +37,22 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     tasks as they ran when the caller listed them (from `Workspace.still_running`)."""
     table = cycle.workspace.table
     by_node, freed = _by_node(cycle, victims)
-    candidates = []
+    candidates, looked = [], 0
     for _, i in sorted((milli, i) for i, milli in freed.items()):  # nodes are indexed in name order
         kind = table.kinds[i]
         if i in fenced:
             continue
         if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
             continue
-        released = ((t.shape, t.shares) for t in by_node[i])
-        if table.states[i].schedulable and not node_fits(kind, without(table.states[i], released), shape):
+        state = table.states[i]
+        if not state.schedulable or node_fits(kind, without(state, ((t.shape, t.shares) for t in by_node[i])), shape):
+            continue
+        # victims `may_take` refuses now stay: it only grows stricter as victims go
+        if not node_fits(kind, without(state, ((t.shape, t.shares) for t in by_node[i] if may_take(t))), shape):
             candidates.append(i)
-            if len(candidates) == CANDIDATE_NODES:
-                break
+        looked += 1
+        if len(candidates) == CANDIDATE_NODES or looked == LOOKED_NODES:
+            break
     for i in candidates:
         checkpoint = stmt.checkpoint()
         used = _free(cycle, stmt, i, shape, by_node[i], may_take, move_off, allowance, reason)

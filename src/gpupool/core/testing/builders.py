@@ -48,7 +48,8 @@ def table_of(*nodes: NodeSpec | tuple[NodeSpec, Sequence[int]] | tuple[NodeSpec,
 
 def run_on(table: NodeTable, running: dict[str, RunningTask], node: str, task_id: str, shape: TaskShape,
            gpus: Sequence[int] = (), preemptible: bool = True, checkpointable: bool = False,
-           queue: str = "default", priority: int = 0, started_at: float = 0.0) -> RunningTask:
+           queue: str = "default", priority: int = 0, started_at: float = 0.0,
+           submitted_at: float = 0.0) -> RunningTask:
     """Put a running task on `node` (on GPU indices `gpus`, default the lowest that fit) and into `running`."""
     i = table.index[node]
     state = table.states[i]
@@ -59,6 +60,6 @@ def run_on(table: NodeTable, running: dict[str, RunningTask], node: str, task_id
         shares = tuple(DeviceShare(g, shape.gpu_milli, shape.gpu_memory_mib) for g in fitting[: shape.gpu_count])
     table.set_state(i, state.take(shape, shares))
     task = RunningTask(task_id, task_id.split("/")[0], node, shape, shares, queue, priority, preemptible,
-                       started_at, checkpointable)
+                       started_at, checkpointable, submitted_at=submitted_at)
     running[task_id] = task
     return task

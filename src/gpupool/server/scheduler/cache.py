@@ -124,4 +124,4 @@ def running_task(task_id: str, job: JobSpec, node: str, shape: TaskShape, shares
                  now: float) -> RunningTask:
     estimate = job.estimate_s
     return RunningTask(task_id, job.id, node, shape, shares, job.queue, job.priority, job.preemptible, now,
-                       job.checkpointable, None if estimate is None else now + estimate)
+                       job.checkpointable, None if estimate is None else now + estimate, job.submitted_at)
