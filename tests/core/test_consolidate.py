@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -128,3 +129,30 @@ def test_no_search_without_attempts():
     assert _cycle(table, running, make_job("big", TWO), max_attempts=0).decisions == ()
     with pytest.raises(ValueError, match="max_attempts"):
         ConsolidateAction(max_attempts=-1)
+
+
+@pytest.mark.parametrize(("submitted_at", "moves"), [(2_801.0, 0), (2_800.0, 1)],
+                         ids=["waited under min_wait_s", "waited min_wait_s"])
+def test_only_a_job_that_has_waited_long_enough_moves_tasks(submitted_at, moves):
+    table, running = _cluster()
+    result = _cycle(table, running, make_job("big", TWO, submitted_at=submitted_at), min_wait_s=7_200.0)
+    assert sum(isinstance(d, Move) for d in result.decisions) == moves
+
+
+@pytest.mark.parametrize(("checkpointable", "ran_s", "moves"),
+                         [(False, 2_000.0, 1), (False, 2_001.0, 0), (True, 1e6, 1)],
+                         ids=["restart loses what the job waited", "restart loses more", "checkpointable loses none"])
+def test_lost_work_within_wait_bounds_a_restart_by_the_jobs_waited_gpu_time(checkpointable, ran_s, moves):
+    """The 2-GPU job has waited 1,000 s (2,000 GPU-seconds); each 1-GPU victim loses what it has run."""
+    table, running = _cluster(checkpointable=checkpointable, started_at=10_000.0 - ran_s)
+    result = _cycle(table, running, make_job("big", TWO, submitted_at=9_000.0), max_lost_work_s=math.inf,
+                    lost_work_within_wait=True)
+    assert sum(isinstance(d, Move) for d in result.decisions) == moves
+
+
+@pytest.mark.parametrize(("args", "field"), [({"min_wait_s": -1.0}, "min_wait_s"),
+                                             ({"min_wait_s": math.nan}, "min_wait_s"),
+                                             ({"lost_work_within_wait": "yes"}, "lost_work_within_wait")])
+def test_bad_starvation_arguments_are_refused_by_name(args, field):
+    with pytest.raises(ValueError, match=field):
+        ConsolidateAction(**args)

@@ -19,6 +19,7 @@ from gpupool.core import (
     default_registry,
     scheduling_profile,
 )
+from gpupool.core.decisions import Move
 from gpupool.core.queues import GPU_UNITS
 from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
 
@@ -200,3 +201,23 @@ def test_default_profile_does_not_preempt_inside_a_queue(profile, want):
     w3 = make_job("w3", make_shape(1000, gpu_count=2), queue="q", priority=8)
     result = _cycle(table, running, [w3], tree, profile=profile)
     assert [d.job_id for d in result.decisions if isinstance(d, Evict)] == want
+
+
+@pytest.mark.parametrize(("now", "submitted_at", "moved"), [(20_000.0, 12_800.0, True), (20_000.0, 13_000.0, False),
+                                                           (40_000.0, 32_800.0, False)],
+                         ids=["waited 2 h, restart loses less", "waited under 2 h",
+                              "restart loses more than the job waited"])
+def test_fair_share_moves_a_long_small_task_for_a_starving_job_no_eviction_may_start(now, submitted_at, moved):
+    """A's 4-GPU job finds no free node: A's own 1-GPU tasks (same priority, so no preemption; same queue, so no
+    reclaim) hold a GPU on each. After 2 h of waiting (4 GPUs x 7,200 s) it may restart one elsewhere if that
+    throws away no more GPU-time (1 GPU x its age) than it has lost waiting."""
+    tree = QueueTree([QueueSpec("A", guaranteed=gpus(4)), QueueSpec("B", guaranteed=gpus(4))])
+    table = table_of(make_node("n1", gpus=4), make_node("n2", gpus=4))
+    running = {}
+    for k in range(2):
+        run_on(table, running, f"n{1 + k}", f"a{k}/0", ONE, queue="A")
+    big = make_job("big", make_shape(1000, gpu_count=4), queue="A", submitted_at=submitted_at)
+    result = _cycle(table, running, [big], tree, now=now)
+    assert not any(isinstance(d, Evict) for d in result.decisions)
+    assert ("big" in result.pending) != moved
+    assert sum(isinstance(d, Move) for d in result.decisions) == (1 if moved else 0)

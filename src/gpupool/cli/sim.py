@@ -199,7 +199,8 @@ def replay(
     timing: bool = typer.Option(True, help="record cycle latency and decisions/s (wall clock)"),
     consolidate: bool = typer.Option(False, help=(
         "move tasks to start blocked jobs, right after allocate: checkpointable ones resume; a job that cannot "
-        "checkpoint starts over, so only tasks in their first 10 min move")),
+        "checkpoint starts over, so only tasks in their first 10 min move (replaces fair-share's moves for jobs "
+        "waiting over 2 h)")),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
     queues: Path | None = typer.Option(None, help="queue tree YAML (see README); enables quotas and fair share"),

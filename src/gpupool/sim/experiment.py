@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -175,8 +175,9 @@ def _replay_profile(task: ReplayTask, pods: list[Pod], nodes: list[NodeSpec]) ->
         per_cycle, per_hour = task.consolidate
         actions = [a for a in profile.actions if a != "consolidate"]  # moving goes before any eviction
         actions.insert(actions.index("allocate") + 1 if "allocate" in actions else 0, "consolidate")
-        profile = profile.with_actions(*actions).with_args(
-            "consolidate", max_moves_per_cycle=per_cycle, max_moves_per_hour=per_hour)
+        # the ordinary consolidation replaces a profile's own (fair-share's moves for starving jobs only)
+        args = {**profile.args, "consolidate": {"max_moves_per_cycle": per_cycle, "max_moves_per_hour": per_hour}}
+        profile = replace(profile.with_actions(*actions), args=args)
     return profile
 
 
