@@ -250,6 +250,11 @@ def test_certificates_renew_under_load_and_no_node_is_lost(tmp_path: Path, book:
         assert "channel refused" not in cluster.server.log_path.read_text()
 
         restarted = agents[0]  # its registration certificate expired long ago: the renewed one must open the channel
+        # stop it just after a renewal, so the restart has the certificate's whole lifetime to reconnect in (a restart
+        # took 3.3 s on a busy 2-core machine; stopped just before a renewal, it had 3.5 s left and once ran out)
+        saved = restarted.data_dir / "node.json"
+        before = json.loads(saved.read_text())["certificate"]
+        wait_for(lambda: json.loads(saved.read_text())["certificate"] != before, 2 * LIFETIME_S, "a renewal")
         restarted.signal(15)
         restarted.wait()
         cluster.start_agent(restarted.name, restarted.fake_gpus, join=False)
