@@ -35,7 +35,9 @@ def test_submit_list_show_cancel_and_events(shared_server):
 def test_why_pending_names_the_missing_nodes(server):
     import time
     with server.client() as c:
-        job_id = c.post("/jobs", json={"command": ["true"], "gpus": "8"}).json()["id"]
+        made = c.post("/jobs", json={"command": ["true"], "gpus": "8"})
+        assert made.status_code == 201, made.text  # once failed without saying why (a busy 2-core machine)
+        job_id = made.json()["id"]
         for _ in range(50):
             why = c.get(f"/jobs/{job_id}/why").json()
             if why["kind"] != "queued":
