@@ -80,7 +80,9 @@ class VictimPlugin(Plugin):
     def order_victims(self, preemptor: JobSpec, candidates: Sequence[RunningTask]) -> Sequence[RunningTask]:
         """Candidates that `preemptor` may evict, in the order they should be evicted (least lost
         work first), an order that does not depend on the order of `candidates` (callers list them in no set
-        order). Called inside a Statement; must not drop a candidate it cannot rank."""
+        order) and that ranks each candidate on its own: callers ask for one node's victims at a time, and any
+        subset comes out in the order it has within the whole. Called inside a Statement; must not drop a
+        candidate it cannot rank."""
 
 
 class Action(ABC):

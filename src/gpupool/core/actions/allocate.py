@@ -149,6 +149,7 @@ def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
     why no node takes its task, counted once per (shape, fence)."""
     placer, table = cycle.framework.placer, cycle.workspace.table
     why: dict[tuple[TaskShape, frozenset[int]], list[tuple[str, int]]] = {}
+    told: dict[tuple[TaskShape, frozenset[int], int, int], PendingReason] = {}  # jobs of one shape share a reason
     fits: dict[tuple[int, tuple[TaskShape, ...]], bool] = {}  # the nodes no longer change: once per gang shape
     for job, s in stuck:
         if s.fenced:
@@ -159,9 +160,13 @@ def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
                 cycle.block(job, _reserved_for(blocking(cycle.reservations, job, cycle.now)))
                 continue
         key = (s.shape, s.fenced)
-        if key not in why:
-            why[key] = placer.explain(table, s.shape, s.fenced)
-        cycle.block(job, no_node_fits(len(table), why[key], s.task_index, len(job.tasks)))
+        reason = told.get((*key, s.task_index, len(job.tasks)))
+        if reason is None:
+            if key not in why:
+                why[key] = placer.explain(table, s.shape, s.fenced)
+            reason = told[(*key, s.task_index, len(job.tasks))] = no_node_fits(len(table), why[key], s.task_index,
+                                                                               len(job.tasks))
+        cycle.block(job, reason)
 
 
 def _place_tasks(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,

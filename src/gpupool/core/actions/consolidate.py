@@ -87,14 +87,18 @@ class _Search:
         self.failed: set[Hashable] = set()
         self._victims: list[RunningTask] | None = None
 
-    def victims(self, job: JobSpec) -> list[RunningTask]:
+    def victims(self) -> list[RunningTask]:
         if self._victims is None:
             now = self.cycle.now
-            movable = [t for t in self.cycle.workspace.still_running() if
-                       t.checkpointable or t.preemptible and now - t.started_at <= self.max_lost_work_s]
-            ordered = self.cycle.framework.victims.order_victims(job, movable)
-            self._victims = sorted(ordered, key=lambda t: not t.checkpointable)
+            self._victims = [t for t in self.cycle.workspace.still_running() if
+                             t.checkpointable or t.preemptible and now - t.started_at <= self.max_lost_work_s]
         return self._victims
+
+    def order(self, job: JobSpec) -> Callable[[list[RunningTask]], list[RunningTask]]:
+        """A node's victims for `job`: checkpointable tasks first (they lose nothing), each part in the victim
+        plugin's order."""
+        plugin = self.cycle.framework.victims
+        return lambda tasks: sorted(plugin.order_victims(job, tasks), key=lambda t: not t.checkpointable)
 
     def place(self, job: JobSpec, stmt: Statement, allowance: int, fenced: frozenset[int]) -> int | None:
         """Moves spent placing `job` in `stmt` (0 when it fits without any), or None if it cannot start."""
@@ -106,7 +110,7 @@ class _Search:
             if i is None:
                 if spent == 0:
                     self.attempts -= 1
-                made = make_room(cycle, stmt, task.shape, self.victims(job), self.may_move(job),
+                made = make_room(cycle, stmt, task.shape, self.victims(), self.order(job), self.may_move(job),
                                  _others_reserved(cycle, job), allowance - spent, fenced=fenced)
                 if made is None:
                     return spent if k >= job.min_tasks else None

@@ -17,20 +17,21 @@ if TYPE_CHECKING:
 
 def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
                       may_take: Callable[[RunningTask], bool], allowance: int, reason: str) -> int:
-    """Try to start `job`, evicting from `victims` (in the victim plugin's order, which the caller computes once
-    for the jobs that share a candidate list); jobs evicted (0 if it did not start).
+    """Try to start `job`, evicting from `victims` (in any order: the victim plugin orders each node's as room is
+    made there; callers list them once for the jobs that share a candidate list); jobs evicted (0 if it did not
+    start).
 
     Like allocate, it keeps off the nodes that this cycle's reservations hold against `job`.
     """
-    placer, table = cycle.framework.placer, cycle.workspace.table
+    placer, table, plugin = cycle.framework.placer, cycle.workspace.table, cycle.framework.victims
     fenced = held_nodes(cycle.reservations, job, cycle.now)
     with cycle.statement() as stmt:
         for k, task in enumerate(job.tasks):
             i = placer.choose(table, task.shape, cycle.rng, fenced)
             if i is None:
                 spent = _evicted_jobs(stmt.decisions)
-                made = make_room(cycle, stmt, task.shape, victims, may_take, None, allowance - spent, reason,
-                                 fenced)
+                made = make_room(cycle, stmt, task.shape, victims, lambda ts: plugin.order_victims(job, ts),
+                                 may_take, None, allowance - spent, reason, fenced)
                 if made is None:
                     if k >= job.min_tasks:
                         break

@@ -1,6 +1,6 @@
 """Preempt (inside a queue): a pending job evicts lower-priority preemptible jobs of its own leaf
 queue to start. Victims must have run at least the queue's `preempt_min_runtime_s`, are taken in the
-victim plugin's order (least work lost first; computed once per queue and priority in a cycle), never
+victim plugin's order (least work lost first; listed once per queue and priority in a cycle), never
 include tasks placed in this cycle, and a job is evicted whole. The statement commits only if the
 preemptor starts, within `max_victims` per cycle.
 
@@ -47,8 +47,7 @@ class PreemptAction(Action):
                 continue
             key = (job.queue, job.priority, job.submitted_at if self.newer_equal_priority else 0.0)
             if key not in found:
-                found[key] = list(cycle.framework.victims.order_victims(
-                    job, [t for t in by_queue.get(job.queue, []) if self._eligible(cycle, job, t)]))
+                found[key] = [t for t in by_queue.get(job.queue, []) if self._eligible(cycle, job, t)]
             if found[key]:
                 evicted = start_by_evicting(cycle, job, found[key], lambda t: True, left, "preempted")
                 attempts.record(job, evicted)

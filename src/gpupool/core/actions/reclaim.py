@@ -54,7 +54,7 @@ class ReclaimAction(Action):
         left, attempts = self.max_victims, Attempts(self.max_attempts)
         # Running tasks, victims and job sizes are gathered when a first job may reclaim (most cycles have none).
         units: _JobUnits | None = None
-        # in the victim plugin's order for the first job that may reclaim, kept for the whole cycle
+        # listed for the first job that may reclaim, kept for the whole cycle
         evictable: list[RunningTask] | None = None
         # per reclaiming queue: the evictable tasks of other queues, listed once; tasks evicted since stay in the
         # list (making room skips what no longer runs), so the list and its grouping by node are reused
@@ -66,8 +66,7 @@ class ReclaimAction(Action):
                 continue
             if evictable is None or units is None:
                 units = _JobUnits(cycle)
-                evictable = list(cycle.framework.victims.order_victims(
-                    job, [t for t in cycle.workspace.still_running() if _evictable(cycle, tree, t)]))
+                evictable = [t for t in cycle.workspace.still_running() if _evictable(cycle, tree, t)]
             candidates = others.get(job.queue)
             if candidates is None:
                 candidates = others[job.queue] = [t for t in evictable if t.queue != job.queue]

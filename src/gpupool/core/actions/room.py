@@ -4,8 +4,9 @@ caller's Statement, and a candidate node that does not work out is rolled back.
 
 Candidates are the nodes where the task would fit if every victim task on them that `may_take` allows now
 were gone: at most `CANDIDATE_NODES` of the first `LOOKED_NODES` nodes that would fit it with all their victims
-gone, in order of least victim GPU on them, then name. On a candidate, victims (in the order given) are moved
-or evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
+gone, in order of least victim GPU on them, then name. On a candidate, its victims (in the caller's `order`, asked
+of that node's victims alone: only the order within a node matters, so no cycle sorts every running task) are
+moved or evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
 Evicting a task evicts every running task of its job, so no gang is left below its size; a moved task
 goes to the best node off the caller's `move_off` nodes.
 """
@@ -30,21 +31,25 @@ LOOKED_NODES = 64
 
 
 def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence[RunningTask],
-              may_take: Callable[[RunningTask], bool], move_off: frozenset[int] | None, allowance: int,
-              reason: str = "preempted", fenced: frozenset[int] = frozenset()) -> tuple[int, int] | None:
+              order: Callable[[list[RunningTask]], Sequence[RunningTask]], may_take: Callable[[RunningTask], bool],
+              move_off: frozenset[int] | None, allowance: int, reason: str = "preempted",
+              fenced: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     """(node index, victims used) for a node off `fenced` freed for `shape` within `allowance`; None if none
     works. Victims are moved to the best node off `move_off`, or evicted when `move_off` is None. `victims` are
-    tasks as they ran when the caller listed them (from `Workspace.still_running`)."""
+    tasks as they ran when the caller listed them (from `Workspace.still_running`), in any order; `order` ranks
+    the victims of one node (an order that does not depend on theirs, like `VictimPlugin.order_victims`)."""
     table = cycle.workspace.table
     by_node, freed = _by_node(cycle, victims)
     candidates, looked = [], 0
-    for _, i in sorted((milli, i) for i, milli in freed.items()):  # nodes are indexed in name order
+    for milli, i in sorted((milli, i) for i, milli in freed.items()):  # nodes are indexed in name order
         kind = table.kinds[i]
         if i in fenced:
             continue
         if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
             continue
         state = table.states[i]
+        if state.gpu_idle + milli < shape.total_gpu_milli:  # too little GPU even with every victim gone
+            continue
         if not state.schedulable or node_fits(kind, without(state, ((t.shape, t.shares) for t in by_node[i])), shape):
             continue
         # victims `may_take` refuses now stay: it only grows stricter as victims go
@@ -55,7 +60,7 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             break
     for i in candidates:
         checkpoint = stmt.checkpoint()
-        used = _free(cycle, stmt, i, shape, by_node[i], may_take, move_off, allowance, reason)
+        used = _free(cycle, stmt, i, shape, order(by_node[i]), may_take, move_off, allowance, reason)
         if used is not None:
             return i, used
         stmt.rollback(checkpoint)
@@ -87,7 +92,7 @@ class _Listed:
 
 
 def _listed(cycle: Cycle, victims: Sequence[RunningTask]) -> _Listed:
-    """`victims` grouped by node as given, kept in `cycle.memo` per list (the memo holds the list, so its id
+    """`victims` grouped by node, kept in `cycle.memo` per list (the memo holds the list, so its id
     names no other list while it is there)."""
     memo = cycle.memo.setdefault(_listed, {})
     assert isinstance(memo, dict)
@@ -106,7 +111,7 @@ def _listed(cycle: Cycle, victims: Sequence[RunningTask]) -> _Listed:
     return found
 
 
-def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: list[RunningTask],
+def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: Sequence[RunningTask],
           may_take: Callable[[RunningTask], bool], move_off: frozenset[int] | None, allowance: int,
           reason: str) -> int | None:
     table, ws = cycle.workspace.table, cycle.workspace
