@@ -57,10 +57,11 @@ class QueueView:
 def cluster_capacity(snapshot: ClusterSnapshot) -> ResourceVector:
     """Schedulable capacity in quota resources (GPU units per model unit, raw milli per model, CPU, memory).
 
-    Cached on the node table until a node's schedulability changes.
+    Cached on the node table per set of unschedulable nodes (a cycle that fences nodes off while it makes room
+    leaves the set as it found it).
     """
     table = snapshot.nodes
-    key = ("capacity", id(snapshot.queues), table.schedulable_version)
+    key = ("capacity", id(snapshot.queues), frozenset(table.unschedulable))
     cached = table.derived.get(key)
     if isinstance(cached, ResourceVector):
         return cached
@@ -111,6 +112,7 @@ class Cycle:
         #: per leaf: its admission headroom when last computed, and `Workspace.growth` then
         self._rooms: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         self._queue_keys: dict[str, tuple[int, tuple[Hashable, ...]]] = {}
+        self._sorted_pending: list[JobSpec] | None = None
         if self.tree is not None:
             self.fair_shares = fair_shares(self.tree, self.workspace.usage, snapshot.pending,
                                            self.capacity[GPU_UNITS], snapshot.usage_history)
@@ -208,25 +210,32 @@ class Cycle:
 
     def pending_order(self) -> Iterator[JobSpec]:
         """Pending jobs not yet started, in queue order; a queue's key is recomputed after each of its jobs."""
-        plugin, now = self.framework.queue_order, self.now
-        waiting = (j for j in self.snapshot.pending if j.id not in self.started)
-        jobs = sorted(waiting, key=lambda j: plugin.job_key(j, now))
+        plugin = self.framework.queue_order
+        jobs = [j for j in self._by_job_key() if j.id not in self.started]
         if self.tree is None or plugin.queue_key(jobs[0].queue if jobs else "", self._safe_view()) is None:
             yield from jobs
             return
-        by_queue: dict[str, list[JobSpec]] = {}
-        for job in jobs:
+        by_queue: dict[str, list[JobSpec]] = {}  # each queue's jobs, last first
+        for job in reversed(jobs):
             by_queue.setdefault(job.queue, []).append(job)
         heap: list[tuple[tuple[Hashable, ...], str]] = []
         for queue in by_queue:
             heapq.heappush(heap, (self._key(queue), queue))
         while heap:
             _, queue = heapq.heappop(heap)
-            head = by_queue[queue].pop(0)
+            head = by_queue[queue].pop()
             if head.id not in self.started:
                 yield head
             if by_queue[queue]:
                 heapq.heappush(heap, (self._key(queue), queue))
+
+    def _by_job_key(self) -> list[JobSpec]:
+        """The snapshot's pending jobs by the plugin's job key (a function of the job and the cycle's time), sorted
+        once for every action of the cycle."""
+        if self._sorted_pending is None:
+            plugin, now = self.framework.queue_order, self.now
+            self._sorted_pending = sorted(self.snapshot.pending, key=lambda j: plugin.job_key(j, now))
+        return self._sorted_pending
 
     def _key(self, queue: str) -> tuple[Hashable, ...]:
         """The queue's place in the order; a queue's view changes only with usage, so the key is kept until then."""

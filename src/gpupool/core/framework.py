@@ -64,7 +64,7 @@ class QueueOrderPlugin(Plugin):
     @abstractmethod
     def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
         """Order of pending jobs within a queue at time `now` (smaller first); ties must end on a stable field,
-        then id."""
+        then id. A function of the job and `now` alone: a cycle sorts its pending jobs by it once."""
 
     def queue_key(self, queue: str, view: QueueView) -> tuple[Hashable, ...] | None:
         """Which queue's head goes next (smaller first), from the queue's live usage and fair share.

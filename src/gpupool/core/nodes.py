@@ -187,8 +187,8 @@ class NodeTable:
         self._next_key = 0
         self.keys: list[int] = [self._name(k, s) for k, s in zip(self._kind_of, self.states, strict=True)]
         self.derived: dict[object, object] = {}
-        #: bumped whenever a node becomes schedulable or unschedulable
-        self.schedulable_version = 0
+        #: indices of the nodes that are not schedulable now
+        self.unschedulable: set[int] = set()
         #: number of state changes ever made
         self.seq = 0
         self._key_array = np.array(self.keys, dtype=np.int64)
@@ -198,7 +198,10 @@ class NodeTable:
 
     def set_state(self, i: int, state: NodeState) -> None:
         if state.schedulable != self.states[i].schedulable:
-            self.schedulable_version += 1
+            if state.schedulable:
+                self.unschedulable.discard(i)
+            else:
+                self.unschedulable.add(i)
         self.states[i] = state
         self.keys[i] = self._key_array[i] = self._key(self._kind_of[i], state)
         self.seq += 1
