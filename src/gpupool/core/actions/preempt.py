@@ -43,17 +43,21 @@ class PreemptAction(Action):
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
-            if attempts.known_to_fail(job):
-                continue
             key = (job.queue, job.priority, job.submitted_at if self.newer_equal_priority else 0.0)
             if key not in found:
-                found[key] = [t for t in by_queue.get(job.queue, []) if self._eligible(cycle, job, t)]
-            if found[key]:
-                evicted = start_by_evicting(cycle, job, found[key], lambda t: True, left, "preempted")
-                attempts.record(job, evicted)
-                left -= evicted
-                if evicted:
-                    by_queue, found = _by_queue(cycle), {}
+                found[key] = [t for priority, tasks in by_queue.get(job.queue, {}).items()
+                              if self._may_rank_below(job, priority) for t in tasks if self._eligible(cycle, job, t)]
+            if not found[key] or attempts.known_to_fail(job):
+                continue
+            evicted = start_by_evicting(cycle, job, found[key], lambda t: True, left, "preempted")
+            attempts.record(job, evicted)
+            left -= evicted
+            if evicted:
+                by_queue, found = _by_queue(cycle), {}
+
+    def _may_rank_below(self, job: JobSpec, priority: int) -> bool:
+        """Whether a task of `priority` may be a victim of `job` at all."""
+        return priority < job.priority or self.newer_equal_priority and priority == job.priority
 
     def _eligible(self, cycle: Cycle, job: JobSpec, task: RunningTask) -> bool:
         lower = task.priority < job.priority or (
@@ -67,9 +71,18 @@ class PreemptAction(Action):
         return cycle.now - task.started_at >= min_runtime
 
 
-def _by_queue(cycle: Cycle) -> dict[str, list[RunningTask]]:
-    groups: dict[str, list[RunningTask]] = {}
+def _by_queue(cycle: Cycle) -> dict[str, dict[int, list[RunningTask]]]:
+    """The preemptible tasks still running, by queue and priority (a job looks only at priorities it may take)."""
+    groups: dict[tuple[str, int], list[RunningTask]] = {}
     for task in cycle.workspace.still_running():
         if task.preemptible:
-            groups.setdefault(task.queue, []).append(task)
-    return groups
+            key = (task.queue, task.priority)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [task]
+            else:
+                group.append(task)
+    by_queue: dict[str, dict[int, list[RunningTask]]] = {}
+    for (queue, priority), tasks in groups.items():
+        by_queue.setdefault(queue, {})[priority] = tasks
+    return by_queue
