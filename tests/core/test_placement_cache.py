@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core import Framework, Workload, default_registry, nodes, placement_profile
+from gpupool.core import Framework, Workload, default_registry, nodes, placement, placement_profile
 from gpupool.core.fit import node_fits
 from gpupool.core.model import DeviceShare
 from gpupool.core.placement import FEASIBLE_MIN
@@ -18,12 +19,24 @@ SHAPES = [make_shape(250, cpu_milli=2000), make_shape(1000), make_shape(1000, gp
           make_shape(0, cpu_milli=8000)]
 
 
+@pytest.mark.parametrize("limits", [(placement.PATCH_MOST, nodes._LOG_KEEP), (0, 256), (2, 1), (16, 3)],
+                         ids=["as shipped", "always gathered", "patched, short log", "patched, log shorter than 16"])
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["fgd", "best", "bestfit", "gpupacking", "gpuclustering", "dotprod", "spread"]),
        st.lists(st.integers(-2, len(SHAPES) - 1), min_size=1, max_size=40), st.integers(0, 10_000))
-def test_cached_scores_match_fresh_evaluation(policy, arrivals, seed):
+def test_cached_scores_match_fresh_evaluation(limits, policy, arrivals, seed):
     """Arrivals place a shape; a negative entry removes the oldest placed task instead, so nodes return to
-    states seen before (the cache's hits) as well as reaching new ones."""
+    states seen before (the cache's hits) as well as reaching new ones. `limits` (how many changes are patched
+    one by one, how many the table's change log keeps) sends the updates down the gather, the patch, or both."""
+    patch_most, log_keep = placement.PATCH_MOST, nodes._LOG_KEEP
+    placement.PATCH_MOST, nodes._LOG_KEEP = limits
+    try:
+        _place_and_compare(policy, arrivals, seed)
+    finally:
+        placement.PATCH_MOST, nodes._LOG_KEEP = patch_most, log_keep
+
+
+def _place_and_compare(policy, arrivals, seed):
     table = table_of(*[make_node(f"n{i}", gpus=g, cpu_milli=16_000 * g) for i, g in enumerate([1, 2, 4, 8, 8])])
     prof = placement_profile(policy).with_workload(Workload.from_shapes(SHAPES))
     placer = Framework.build(prof, default_registry()).placer

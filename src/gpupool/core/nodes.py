@@ -155,6 +155,8 @@ def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) 
 #: distinct (kind, state) pairs a table names before it numbers them again (readers' arrays indexed by key stay
 #: within this many entries)
 _KEY_LIMIT = 1 << 16
+#: the changes `NodeTable.changed_since` can look back over (the log is trimmed to this once twice as long)
+_LOG_KEEP = 256
 
 
 class NodeTable:
@@ -191,6 +193,8 @@ class NodeTable:
         self.unschedulable: set[int] = set()
         #: number of state changes ever made
         self.seq = 0
+        #: the node index each of the last (up to 2 * _LOG_KEEP) changes was made to, oldest first
+        self._log: list[int] = []
         self._key_array = np.array(self.keys, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -205,6 +209,9 @@ class NodeTable:
         self.states[i] = state
         self.keys[i] = self._key_array[i] = self._key(self._kind_of[i], state)
         self.seq += 1
+        self._log.append(i)
+        if len(self._log) > 2 * _LOG_KEEP:
+            del self._log[:-_LOG_KEEP]
 
     @property
     def key_count(self) -> int:
@@ -233,6 +240,14 @@ class NodeTable:
         self.derived.clear()
         for i, (kind, state) in enumerate(zip(self._kind_of, self.states, strict=True)):
             self.keys[i] = self._key_array[i] = self._name(kind, state)
+
+    def changed_since(self, seq: int, most: int) -> list[int] | None:
+        """Indices of the nodes changed since `seq` was current, oldest first (a node once per change), or None when
+        that is more than `most` changes or more than the table remembers."""
+        count = self.seq - seq
+        if count > most or count > len(self._log) or seq < 0:
+            return None
+        return self._log[len(self._log) - count:]
 
     def key_array(self) -> np.ndarray:
         """`keys` as an int64 array, kept in step with it (read-only)."""

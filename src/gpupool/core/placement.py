@@ -4,9 +4,10 @@ Filters and scores are pure functions of (node kind, node state, shape), so the 
 
 1. memoises each (kind, state, shape) evaluation, per table and shape, in an int64 array indexed by the
    table's int key of (kind, state): equal nodes are evaluated once;
-2. brings a shape's scores up to date, after any change to the table, with one vectorised gather of
-   that array at every node's key (`INFEASIBLE` + reason where a filter rejects); only nodes in states
-   this shape has never met are evaluated, in Python;
+2. brings a shape's scores up to date, after any change to the table, by reading that array at the key of
+   each node changed since (up to `PATCH_MOST` changes, from the table's change log) or else with one
+   vectorised gather of it at every node's key (`INFEASIBLE` + reason where a filter rejects); only nodes in
+   states this shape has never met are evaluated, in Python;
 3. picks the argmax (numpy returns the first, i.e. the lowest node name) or, with the random
    tie-break, a seeded uniform choice among the maxima.
 
@@ -35,6 +36,8 @@ TieBreak = Literal["name", "random"]
 RESERVED = "node reserved for another job"
 #: a score no evaluation gives: "not evaluated yet" in the per-key arrays
 UNKNOWN = np.iinfo(np.int64).max
+#: at most this many node changes since a shape's scores were current are patched one by one; more are gathered
+PATCH_MOST = 16
 
 
 class _ShapeScores:
@@ -107,11 +110,20 @@ class Placer:
             grown = np.full(max(table.key_count, 2 * len(entry.by_key)), UNKNOWN, dtype=np.int64)
             grown[:len(entry.by_key)] = entry.by_key
             entry.by_key = grown
-        keys, by_key = table.key_array(), entry.by_key
-        scores = by_key[keys]
-        for i in np.flatnonzero(scores == UNKNOWN).tolist():
-            scores[i] = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
-        entry.scores, entry.seen = scores, table.seq
+        changed = table.changed_since(entry.seen, PATCH_MOST)
+        if changed is not None:  # a few nodes changed: patch their scores in place
+            by_key, keys, scores = entry.by_key, table.keys, entry.scores
+            for i in changed:
+                score = by_key[keys[i]]
+                if score == UNKNOWN:
+                    score = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
+                scores[i] = score
+        else:
+            key_array, by_key = table.key_array(), entry.by_key
+            scores = entry.scores = by_key[key_array]
+            for i in np.flatnonzero(scores == UNKNOWN).tolist():
+                scores[i] = by_key[key_array[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
+        entry.seen = table.seq
         return entry
 
     def choose(self, table: NodeTable, shape: TaskShape, rng: random.Random,
