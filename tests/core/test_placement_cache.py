@@ -54,12 +54,49 @@ def _place_and_compare(policy, arrivals, seed):
             fresh = placer._evaluate(kind, state, shape)
             assert scores[i] == fresh
             assert (scores[i] >= FEASIBLE_MIN) == (node_fits(kind, state, shape) == "")
+        _check_excluded(placer, table, shape, frozenset(j for j in range(len(table)) if rng.random() < 0.4), seed)
         i = placer.choose(table, shape, rng)
         if i is not None:
             shares = placer.pick(table, i, shape, rng)
             assert shares == placer.devices.pick_devices(table.kinds[i], table.states[i], shape, rng)
             table.set_state(i, table.states[i].take(shape, shares))
             placed.append((i, shape, shares))
+
+
+def _check_excluded(placer, table, shape, excluded, seed):
+    """`choose` with nodes excluded takes a best node outside them (the lowest index under the name tie-break), or
+    None when only excluded nodes are feasible; the table's cached scores are left as they were."""
+    scores = [int(v) for v in placer.scores(table, shape)]
+    allowed = [scores[j] for j in range(len(table)) if j not in excluded and scores[j] >= FEASIBLE_MIN]
+    chosen = placer.choose(table, shape, random.Random(seed), excluded)
+    if not allowed:
+        assert chosen is None
+    else:
+        assert chosen not in excluded and scores[chosen] == max(allowed)
+        if placer.tie_break == "name":
+            assert chosen == min(j for j in range(len(table)) if j not in excluded and scores[j] == max(allowed))
+    assert [int(v) for v in placer.scores(table, shape)] == scores
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, len(SHAPES) - 1), max_size=12), st.sets(st.integers(0, 4)), st.integers(0, 10_000))
+def test_random_tie_break_keeps_off_excluded_nodes(arrivals, excluded, seed):
+    table = table_of(*[make_node(f"n{i}", gpus=g, cpu_milli=16_000 * g) for i, g in enumerate([1, 2, 4, 8, 8])])
+    placer = Framework.build(placement_profile("random"), default_registry()).placer
+    rng = random.Random(seed)
+    for k in arrivals:
+        i = placer.choose(table, SHAPES[k], rng)
+        if i is not None:
+            table.set_state(i, table.states[i].take(SHAPES[k], placer.pick(table, i, SHAPES[k], rng)))
+    for shape in SHAPES:
+        _check_excluded(placer, table, shape, frozenset(excluded), seed)
+
+
+def test_a_table_without_nodes_places_nothing_and_says_why():
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    table = table_of()
+    assert placer.choose(table, WHOLE, random.Random(0)) is None
+    assert len(placer.scores(table, WHOLE)) == 0 and placer.explain(table, WHOLE) == []
 
 
 def test_node_keys_name_kind_and_state(monkeypatch):

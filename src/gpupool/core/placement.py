@@ -36,6 +36,7 @@ TieBreak = Literal["name", "random"]
 RESERVED = "node reserved for another job"
 #: a score no evaluation gives: "not evaluated yet" in the per-key arrays
 UNKNOWN = np.iinfo(np.int64).max
+_UNKNOWN_INT = int(UNKNOWN)
 #: at most this many node changes since a shape's scores were current are patched one by one; more are gathered
 PATCH_MOST = 16
 
@@ -112,16 +113,16 @@ class Placer:
             entry.by_key = grown
         changed = table.changed_since(entry.seen, PATCH_MOST)
         if changed is not None:  # a few nodes changed: patch their scores in place
-            by_key, keys, scores = entry.by_key, table.keys, entry.scores
-            for i in changed:
-                score = by_key[keys[i]]
-                if score == UNKNOWN:
+            by_key, keys, scores, known = entry.by_key, table.keys, entry.scores, entry.by_key.item
+            for i in changed:  # Python ints: a numpy scalar per read and compare would cost twice as much
+                score = known(keys[i])
+                if score == _UNKNOWN_INT:
                     score = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
                 scores[i] = score
         else:
             key_array, by_key = table.key_array(), entry.by_key
             scores = entry.scores = by_key[key_array]
-            for i in np.flatnonzero(scores == UNKNOWN).tolist():
+            for i in (np.flatnonzero(scores == UNKNOWN).tolist() if scores.size and scores.max() == UNKNOWN else ()):
                 scores[i] = by_key[key_array[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
         entry.seen = table.seq
         return entry
@@ -133,10 +134,11 @@ class Placer:
         if len(table) == 0:
             return None
         scores = self.scores(table, shape)
-        if excluded:
+        best = int(scores.argmax())
+        if excluded and (best in excluded or self.tie_break == "random"):  # else `best` is the masked argmax too
             scores = scores.copy()
             scores[list(excluded)] = INFEASIBLE
-        best = int(scores.argmax())
+            best = int(scores.argmax())
         if scores[best] < FEASIBLE_MIN:
             return None
         if self.tie_break == "random":

@@ -20,6 +20,8 @@ from gpupool.core.units import CPU, MEMORY, MILLI
 GPU_UNITS = "gpu"
 NON_PREEMPTIBLE = "np:"
 DEFAULT_UNIT = MILLI  # one GPU of an unlisted model counts one GPU unit
+#: distinct (CPU, memory, milli-GPU, model, preemptible) charges a tree remembers before it starts again
+CHARGES_KEPT = 10_000
 
 
 def model_resource(model: str) -> str:
@@ -112,10 +114,18 @@ class QueueTree:
         the guarantee.
         """
         milli = sum(s.milli for s in shares)
-        amounts = {CPU: shape.cpu_milli, MEMORY: shape.memory_mib}
-        if milli:
-            amounts[GPU_UNITS] = milli * self.gpu_units.get(model, DEFAULT_UNIT) // MILLI
-            amounts[model_resource(model)] = milli
-            if not preemptible:
-                amounts[NON_PREEMPTIBLE + GPU_UNITS] = amounts[GPU_UNITS]
-        return ResourceVector._trusted(amounts)  # from a validated shape and shares
+        key = (shape.cpu_milli, shape.memory_mib, milli, model, preemptible)
+        memo = self.derived.setdefault(QueueTree.charge, {})
+        assert isinstance(memo, dict)
+        charge = memo.get(key)
+        if charge is None:
+            if len(memo) >= CHARGES_KEPT:
+                memo.clear()
+            amounts = {CPU: shape.cpu_milli, MEMORY: shape.memory_mib}
+            if milli:
+                amounts[GPU_UNITS] = milli * self.gpu_units.get(model, DEFAULT_UNIT) // MILLI
+                amounts[model_resource(model)] = milli
+                if not preemptible:
+                    amounts[NON_PREEMPTIBLE + GPU_UNITS] = amounts[GPU_UNITS]
+            charge = memo[key] = ResourceVector._trusted(amounts)  # from a validated shape and shares
+        return charge
