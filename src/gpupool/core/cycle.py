@@ -21,7 +21,7 @@ from gpupool.core.model import JobSpec
 from gpupool.core.profile import Framework
 from gpupool.core.queues import GPU_UNITS, QueueTree, model_resource
 from gpupool.core.quota import admission_after, admission_reason, fair_shares, headroom, minimal_charge
-from gpupool.core.resources import ResourceVector
+from gpupool.core.resources import EMPTY, ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot
 from gpupool.core.statement import Statement, Workspace
 from gpupool.core.units import CPU, MEMORY, MILLI
@@ -101,7 +101,7 @@ class Cycle:
         self.pending: dict[str, PendingReason] = {}
         self.started: set[str] = set()
         self.tree: QueueTree | None = snapshot.queues
-        self.capacity = cluster_capacity(snapshot) if self.tree else ResourceVector()
+        self.capacity = cluster_capacity(snapshot) if self.tree else EMPTY
         self.fair_shares: dict[str, int] = {}
         #: reservations the allocate action made this cycle; evicting actions keep off their nodes too
         self.reservations: list[Reservation] = []
@@ -200,12 +200,12 @@ class Cycle:
 
     def usage_mark(self, queue: str) -> tuple[int, ResourceVector]:
         """(usage_seq, `queue`'s usage) now, for `quota_reason(job, before=...)`."""
-        return self.workspace.usage_seq, self.workspace.usage.get(queue, ResourceVector())
+        return self.workspace.usage_seq, self.workspace.usage.get(queue, EMPTY)
 
     def view(self, queue: str) -> QueueView:
         assert self.tree is not None
         spec = self.tree.specs[queue]
-        return QueueView(self.workspace.usage.get(queue, ResourceVector()), self.fair_shares.get(queue, 0),
+        return QueueView(self.workspace.usage.get(queue, EMPTY), self.fair_shares.get(queue, 0),
                          self.capacity, spec.over_quota_weight, spec.priority)
 
     def pending_order(self) -> Iterator[JobSpec]:
@@ -248,7 +248,7 @@ class Cycle:
         return key
 
     def _safe_view(self) -> QueueView:
-        return QueueView(ResourceVector(), 0, self.capacity, 1, 0)
+        return QueueView(EMPTY, 0, self.capacity, 1, 0)
 
 
 def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,

@@ -24,17 +24,15 @@ from fractions import Fraction
 from gpupool.core.division import QueueNode, ShareRequest, divide_tree
 from gpupool.core.model import JobSpec
 from gpupool.core.queues import DEFAULT_UNIT, GPU_UNITS, NON_PREEMPTIBLE, QueueTree
-from gpupool.core.resources import ResourceVector
+from gpupool.core.resources import EMPTY, ResourceVector
 from gpupool.core.units import CPU, MEMORY, MILLI
-
-_NONE = ResourceVector()
 
 
 def add_usage(usage: dict[str, ResourceVector], tree: QueueTree, queue: str, charge: ResourceVector,
               sign: int = 1) -> None:
     """Add (sign=1) or remove (sign=-1) `charge` on `queue` and all its ancestors."""
     for name in tree.paths[queue]:
-        current = usage.get(name, _NONE)
+        current = usage.get(name, EMPTY)
         usage[name] = current + charge if sign > 0 else current - charge
 
 
@@ -106,7 +104,7 @@ def _rule(tree: QueueTree, name: str, resource: str) -> _LevelRule:
 def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
                   cluster: ResourceVector | None, extra: int) -> str:
     """The first rule queue `name` breaks in `resource` if it held `extra` more (its siblings unchanged)."""
-    mine = used.get(name, _NONE)[resource] + extra
+    mine = used.get(name, EMPTY)[resource] + extra
     if resource.startswith(NON_PREEMPTIBLE):
         base = resource.removeprefix(NON_PREEMPTIBLE)
         if mine > tree.specs[name].guaranteed[base]:
@@ -120,7 +118,7 @@ def _level_reason(tree: QueueTree, name: str, used: Mapping[str, ResourceVector]
         return f"queue {name} would borrow {over} {resource}, more than its borrow limit {rule.borrow}"
     level, kept = mine, 0
     for sibling, guaranteed, lend in rule.siblings:
-        theirs = used.get(sibling, _NONE)[resource]
+        theirs = used.get(sibling, EMPTY)[resource]
         level += theirs
         if lend is not None:  # a sibling keeps the unused guarantee it does not lend
             kept += max(0, max(0, guaranteed - theirs) - lend)
@@ -145,7 +143,7 @@ def admission_reason(tree: QueueTree, used: Mapping[str, ResourceVector], queue:
     """
     if queue not in tree.specs or not tree.is_leaf(queue):
         return f"unknown leaf queue {queue!r}"
-    held = used.get(queue, _NONE)
+    held = used.get(queue, EMPTY)
     resources = sorted(r for r in {*held, *charge} if tree.checks(r))
     for name in tree.paths[queue]:
         for resource in resources:
@@ -176,13 +174,13 @@ def headroom(tree: QueueTree, used: Mapping[str, ResourceVector], queue: str,
 def _level_room(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], resource: str,
                 cluster: ResourceVector | None) -> int | None:
     """The most queue `name` could take of `resource` before `_level_reason` names a rule (None: no bound)."""
-    mine = used.get(name, _NONE)[resource]
+    mine = used.get(name, EMPTY)[resource]
     if resource.startswith(NON_PREEMPTIBLE):
         return tree.specs[name].guaranteed[resource.removeprefix(NON_PREEMPTIBLE)] - mine
     rule = _rule(tree, name, resource)
     level, kept = mine, 0
     for sibling, guaranteed, lend in rule.siblings:
-        theirs = used.get(sibling, _NONE)[resource]
+        theirs = used.get(sibling, EMPTY)[resource]
         level += theirs
         if lend is not None:
             kept += max(0, max(0, guaranteed - theirs) - lend)
@@ -198,7 +196,7 @@ def _level_room(tree: QueueTree, name: str, used: Mapping[str, ResourceVector], 
 def admission_after(tree: QueueTree, after: Mapping[str, ResourceVector], queue: str,
                     cluster: ResourceVector) -> str:
     """The admission rules on usage that already includes the new job (every resource in use)."""
-    return admission_reason(tree, after, queue, _NONE, cluster)
+    return admission_reason(tree, after, queue, EMPTY, cluster)
 
 
 def minimal_charge(job: JobSpec, tree: QueueTree) -> ResourceVector:
@@ -244,7 +242,7 @@ def fair_shares(tree: QueueTree, used: Mapping[str, ResourceVector], pending: It
         spec = tree.specs[name]
         limit = _holdable(tree, name, GPU_UNITS)
         request = ShareRequest(
-            name=name, request=used.get(name, _NONE)[GPU_UNITS] + demand.get(name, 0),
+            name=name, request=used.get(name, EMPTY)[GPU_UNITS] + demand.get(name, 0),
             deserved=spec.guaranteed[GPU_UNITS], limit=-1 if limit is None else limit,
             weight=spec.over_quota_weight, priority=spec.priority, created=order[name],
             usage=(history or {}).get(name, Fraction(0)))

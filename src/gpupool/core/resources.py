@@ -112,3 +112,7 @@ class ResourceVector(Mapping[str, int]):
         """max over resources of amount/total (DRF); resources with total 0 are ignored."""
         shares = [Fraction(v, total[k]) for k, v in self._items if total.get(k, 0) > 0]
         return max(shares, default=Fraction(0))
+
+
+#: the vector with no amounts, shared (vectors are immutable): a default that costs no construction
+EMPTY = ResourceVector()

@@ -28,7 +28,7 @@ from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec
 from gpupool.core.queues import GPU_UNITS, QueueTree
 from gpupool.core.quota import demand_units
-from gpupool.core.resources import ResourceVector
+from gpupool.core.resources import EMPTY
 from gpupool.core.snapshot import RunningTask
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class ReclaimAction(Action):
 
 def _under_share(cycle: Cycle, job: JobSpec) -> bool:
     assert cycle.tree is not None
-    used = cycle.workspace.usage.get(job.queue, ResourceVector())[GPU_UNITS]
+    used = cycle.workspace.usage.get(job.queue, EMPTY)[GPU_UNITS]
     return used + demand_units(job, cycle.tree) <= cycle.fair_shares.get(job.queue, 0)
 
 
