@@ -119,6 +119,23 @@ def test_node_keys_name_kind_and_state(monkeypatch):
     assert len(set(table.keys)) == 3 and max(table.keys) < table.key_count
 
 
+def test_a_remembered_placement_is_reused_only_for_the_same_shares_object():
+    """`NodeTable.take` replays a placement from memory when the same shares object comes again for the same key
+    and shape; equal-valued or different shares are placed afresh. Either way the node ends as `NodeState.take`
+    leaves it, under the key its pair is named by."""
+    table = table_of(make_node("a", gpus=2), make_node("b", gpus=2))
+    first, second, first_again = FIRST_GPU, (DeviceShare(1, 1000),), (DeviceShare(0, 1000),)
+    for i, shares in [(0, first), (1, first), (0, second), (1, first_again), (0, first)]:
+        empty = table.states[1 - i]  # the other node is returned empty after each step
+        expected = table.states[i].take(WHOLE, shares)
+        table.take(i, WHOLE, shares)
+        assert table.states[i] == expected
+        assert table.keys[i] == table._key_ids[(table._kind_of[i], expected)]
+        table.set_state(i, table.states[i].give(WHOLE, shares))
+        assert table.states[i] == empty
+    assert table.key_count == 3  # empty, GPU 0 taken, GPU 1 taken
+
+
 def test_scores_stay_exact_across_a_renumbering(monkeypatch):
     renumbered = []
     renumber = nodes.NodeTable._renumber

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core import ClusterSnapshot, RunningTask
+from gpupool.core import ClusterSnapshot, RunningTask, nodes
 from gpupool.core.fit import fitting_gpus, fraction_share, lowest_whole_gpus
 from gpupool.core.statement import Statement, StatementState, Workspace
 from gpupool.core.testing.builders import make_job, make_node, make_shape, table_of
@@ -26,7 +26,14 @@ def _world():
 
 
 def _view(ws: Workspace):
+    _check_keys(ws.table)
     return list(ws.table.states), dict(ws.overlay)
+
+
+def _check_keys(table) -> None:
+    """Every node's key is the one its table's numbering gives its (kind, state)."""
+    assert table.keys == [table._key_ids[(table._kind_of[i], state)] for i, state in enumerate(table.states)]
+    assert table.key_array().tolist() == table.keys
 
 
 def _running(ws: Workspace) -> list[RunningTask]:
@@ -47,18 +54,31 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "evict", "move", "checkpoint"
                          st.integers(0, 3), st.integers(0, 2)), max_size=25)
 
 
+@pytest.mark.parametrize("key_limit", [nodes._KEY_LIMIT, 4], ids=["as shipped", "numbered again often"])
 @settings(max_examples=200, deadline=None)
 @given(ops)
-def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
+def test_rollback_restores_exactly_what_checkpoint_saw(key_limit, sequence):
+    """Also the nodes' keys, when the table numbers its pairs again between a change and its undoing; device picks
+    are reused per (key, shape) as the placement engine does, so placements are also replayed from memory."""
+    shipped, nodes._KEY_LIMIT = nodes._KEY_LIMIT, key_limit
+    try:
+        _apply(sequence)
+    finally:
+        nodes._KEY_LIMIT = shipped
+
+
+def _apply(sequence):
     ws = Workspace(_world())
     stmt = Statement(ws, now=0.0)
     saved = []
+    picks: dict = {}
     for n, (op, shape_i, node_i) in enumerate(sequence):
         shape = SHAPES[shape_i]
         state = ws.table.states[node_i]
         if op == "alloc" and len(fitting_gpus(state, shape)) >= shape.gpu_count and state.cpu_free >= shape.cpu_milli:
             gpus = fitting_gpus(state, shape)
-            shares = fraction_share(shape, gpus[0]) if shape.is_shared else lowest_whole_gpus(state, shape)
+            shares = picks.setdefault((ws.table.numbering, ws.table.keys[node_i], shape_i), fraction_share(
+                shape, gpus[0]) if shape.is_shared else lowest_whole_gpus(state, shape))
             job = make_job(f"j{n}", shape)
             stmt.allocate(job, job.tasks[0], node_i, shares)
         elif op == "evict":
@@ -87,6 +107,7 @@ def test_rollback_restores_exactly_what_checkpoint_saw(sequence):
     stmt.discard()
     assert ws.table.states == before.nodes.states
     assert ws.overlay == {}
+    _check_keys(ws.table)
 
 
 def test_commit_keeps_changes_until_workspace_restore():

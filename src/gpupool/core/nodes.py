@@ -157,19 +157,21 @@ def _moved_tags(tags: tuple[tuple[str, int], ...], shape: TaskShape, sign: int) 
 _KEY_LIMIT = 1 << 16
 #: the changes `NodeTable.changed_since` can look back over (the log is trimmed to this once twice as long)
 _LOG_KEEP = 256
+#: (key, shape) placements whose resulting state `NodeTable.take` remembers before it starts again
+MOVES_KEPT = 10_000
 
 
 class NodeTable:
     """The free state of every node, indexed by name order.
 
-    Only `set_state` changes a state, and it bumps `seq`. Values derived from one node's (kind, state) may
-    be cached by readers under its key; see the module docstring.
+    Only `set_state` (and `take`, through it) changes a state, and it bumps `seq`. Values derived from one
+    node's (kind, state) may be cached by readers under its key; see the module docstring.
 
     `keys[i]` is an int in [0, key_count) naming node i's (kind, state): nodes with equal keys are
     interchangeable, so a reader may cache a per-node value under the key (an int hashes and compares far
     faster than the pair, and indexes an array). Once _KEY_LIMIT pairs have been named, the table numbers the
     pairs of its nodes again from 0 and drops everything in `derived`: readers keep their key caches there,
-    so no cache outlives the numbering it was made under.
+    so no cache outlives the numbering it was made under. `numbering` counts the numberings so far.
     """
 
     def __init__(self, specs: Iterable[NodeSpec]) -> None:
@@ -196,22 +198,42 @@ class NodeTable:
         #: the node index each of the last (up to 2 * _LOG_KEEP) changes was made to, oldest first
         self._log: list[int] = []
         self._key_array = np.array(self.keys, dtype=np.int64)
+        self.numbering = 0
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def set_state(self, i: int, state: NodeState) -> None:
+    def set_state(self, i: int, state: NodeState, key: int | None = None) -> None:
+        """Give node i `state`. `key`, if given, is the key that names (node i's kind, `state`) under the current
+        `numbering` (read from `keys` while node i was in `state`): it spares naming the pair again."""
         if state.schedulable != self.states[i].schedulable:
             if state.schedulable:
                 self.unschedulable.discard(i)
             else:
                 self.unschedulable.add(i)
         self.states[i] = state
-        self.keys[i] = self._key_array[i] = self._key(self._kind_of[i], state)
+        self.keys[i] = self._key_array[i] = self._key(self._kind_of[i], state) if key is None else key
         self.seq += 1
         self._log.append(i)
         if len(self._log) > 2 * _LOG_KEEP:
             del self._log[:-_LOG_KEEP]
+
+    def take(self, i: int, shape: TaskShape, shares: tuple[DeviceShare, ...]) -> None:
+        """`set_state(i, states[i].take(shape, shares))`, memoised: the state a placement leaves and its key are
+        kept per (key before, shape) with the shares object they were made for, and reused when that same object
+        comes again (a placement engine hands out one shares object per key and shape, and warm cycles repeat
+        the placements of the last)."""
+        moves = self.derived.get(NodeTable.take)
+        if not isinstance(moves, dict) or len(moves) >= MOVES_KEPT:
+            moves = self.derived[NodeTable.take] = {}
+        before = (self.keys[i], shape)
+        known = moves.get(before)
+        if known is not None and known[0] is shares:
+            self.set_state(i, known[1], known[2])
+            return
+        state = self.states[i].take(shape, shares)
+        self.set_state(i, state)  # may number the pairs again, dropping `moves` with everything derived
+        moves[before] = (shares, state, self.keys[i])
 
     @property
     def key_count(self) -> int:
@@ -237,6 +259,7 @@ class NodeTable:
         """Name the pairs of the nodes' current states from 0 again; every derived value goes."""
         self._key_ids.clear()
         self._next_key = 0
+        self.numbering += 1
         self.derived.clear()
         for i, (kind, state) in enumerate(zip(self._kind_of, self.states, strict=True)):
             self.keys[i] = self._key_array[i] = self._name(kind, state)

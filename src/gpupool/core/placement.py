@@ -95,8 +95,9 @@ class Placer:
 
     def _entry(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
         """The shape's cache entry for `table`, as it is."""
-        caches = table.derived.setdefault(self, {})
-        assert isinstance(caches, dict)
+        caches = table.derived.get(self)
+        if not isinstance(caches, dict):
+            caches = table.derived[self] = {}
         entry = caches.get(shape)
         if entry is None:
             entry = caches[shape] = _ShapeScores(len(table))

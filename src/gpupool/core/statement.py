@@ -20,7 +20,7 @@ from enum import Enum
 from types import TracebackType
 
 from gpupool.core.decisions import Bind, Decision, Evict, Move
-from gpupool.core.model import DeviceShare, JobSpec, TaskSpec
+from gpupool.core.model import DeviceShare, JobSpec, TaskShape, TaskSpec
 from gpupool.core.nodes import NodeState
 from gpupool.core.quota import add_usage
 from gpupool.core.resources import ResourceVector
@@ -99,8 +99,18 @@ class Workspace:
         return [t for t in (self.running(i) for i in sorted(ids)) if t is not None]
 
     def set_node(self, i: int, state: NodeState) -> None:
-        self.journal.append((_NODE, i, self.table.states[i]))
+        self._journal_node(i)
         self.table.set_state(i, state)
+
+    def take(self, i: int, shape: TaskShape, shares: tuple[DeviceShare, ...]) -> None:
+        """Place a task of `shape` on node i's `shares` (ValueError if it does not fit), journaled."""
+        self._journal_node(i)
+        self.table.take(i, shape, shares)
+
+    def _journal_node(self, i: int) -> None:
+        """Remember node i's state, and its key under the table's numbering now (undo sets it back unnamed)."""
+        table = self.table
+        self.journal.append((_NODE, i, (table.states[i], table.keys[i], table.numbering)))
 
     def set_task(self, task_id: str, task: RunningTask | None) -> None:
         self.journal.append((_TASK, task_id, self.overlay.get(task_id, _ABSENT)))
@@ -113,8 +123,9 @@ class Workspace:
         while len(self.journal) > mark:
             kind, key, old = self.journal.pop()
             if kind == _NODE:
-                assert isinstance(key, int) and isinstance(old, NodeState)
-                self.table.set_state(key, old)
+                assert isinstance(key, int) and isinstance(old, tuple)
+                state, node_key, numbering = old
+                self.table.set_state(key, state, node_key if numbering == self.table.numbering else None)
             elif kind == _USAGE:
                 self.usage_seq += 1
                 if old is _ABSENT:
@@ -157,9 +168,8 @@ class Statement:
     def allocate(self, job: JobSpec, task: TaskSpec, node: int, shares: tuple[DeviceShare, ...]) -> None:
         """Place `task` on node index `node` with `shares`; raises ValueError if it does not fit."""
         self._check_open()
-        table = self.ws.table
-        self.ws.set_node(node, table.states[node].take(task.shape, shares))
-        name = table.names[node]
+        self.ws.take(node, task.shape, shares)
+        name = self.ws.table.names[node]
         estimate = job.estimate_s
         placed = RunningTask(task.id, job.id, name, task.shape, shares, job.queue, job.priority, job.preemptible,
                              self.now, job.checkpointable, None if estimate is None else self.now + estimate,
@@ -183,7 +193,7 @@ class Statement:
         table = self.ws.table
         old = table.index[task.node]
         self.ws.set_node(old, table.states[old].give(task.shape, task.shares))
-        self.ws.set_node(node, table.states[node].take(task.shape, shares))
+        self.ws.take(node, task.shape, shares)
         moved = replace(task, node=table.names[node], shares=shares)
         self.ws.account(task, -1)
         self.ws.set_task(task.task_id, moved)

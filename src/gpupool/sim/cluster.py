@@ -52,7 +52,7 @@ class SimCluster:
 
     def _bind(self, bind: Bind, now: float, jobs: dict[str, JobSpec] | None) -> None:
         i = self.table.index[bind.node]
-        self.table.set_state(i, self.table.states[i].take(bind.shape, bind.shares))
+        self.table.take(i, bind.shape, bind.shares)
         job = jobs.get(bind.job_id) if jobs else None
         estimate = job.estimate_s if job else None
         task = RunningTask(bind.task_id, bind.job_id, bind.node, bind.shape, bind.shares,
@@ -67,7 +67,7 @@ class SimCluster:
         """The task keeps running (checkpoint and resume) on its new node and devices."""
         task = self.release(move.task_id)
         i = self.table.index[move.node]
-        self.table.set_state(i, self.table.states[i].take(move.shape, move.shares))
+        self.table.take(i, move.shape, move.shares)
         moved = replace(task, node=move.node, shares=move.shares)
         self.running[move.task_id] = moved
         self._account(moved, +1)
