@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpupool.core.actions.reservations import Reservation, ReservationPlan, blocking
+from gpupool.core.actions.reservations import Reservation, ReservationPlan
 from gpupool.core.diagnostics import PendingKind, PendingReason, no_node_fits
 from gpupool.core.framework import Action
 from gpupool.core.model import JobSpec, TaskShape
@@ -34,6 +34,8 @@ BACKFILL_MODES = ("none", "easy", "conservative")
 #: the (shape, fence) pairs no node took on the committed nodes; they stay failed for the rest of the pass, since
 #: allocating only fills nodes
 Failed = set[tuple[TaskShape, frozenset[int]]]
+#: the reason given to jobs that reservations alone hold off, per reservation holder
+Told = dict[str, PendingReason]
 DAY_S = 86_400.0
 
 
@@ -66,15 +68,16 @@ class AllocateAction(Action):
             plan = ReservationPlan(cycle, self.backfill, self.max_reservations, self.reserve_after_s, self.window_s)
         failed: Failed = set()
         stuck: dict[str, tuple[JobSpec, Stuck]] = {}
+        told: Told = {}
         for job in cycle.pending_order():
-            blockers = plan.blockers(job) if plan else []
-            reason = _try(cycle, job, blockers, failed)
+            blockers, fenced = plan.fence(job) if plan else ([], frozenset[int]())
+            reason = _try(cycle, job, fenced, failed)
             if reason is None:
                 continue
             if isinstance(reason, Stuck):
                 if plan is not None and plan.qualifies(job):  # held off by reservations only: no reservation
                     if reason.fenced and _fits_unfenced(cycle, job, failed):
-                        cycle.block(job, _reserved_for(blockers))
+                        cycle.block(job, _reserved_for(blockers, told))
                         continue
                     reservation = plan.reserve(job)
                     if reservation is not None:
@@ -83,17 +86,15 @@ class AllocateAction(Action):
                 stuck[job.id] = (job, reason)
                 continue
             cycle.block(job, reason)
-        _explain(cycle, stuck.values())
+        _explain(cycle, stuck.values(), plan, told)
 
 
-def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed) -> PendingReason | Stuck | None:
-    """Start `job` now if it fits off the blocking reservations and under quota; else why not (`Stuck`: no node
-    set takes it, explained at the end of the pass)."""
+def _try(cycle: Cycle, job: JobSpec, fenced: frozenset[int], failed: Failed) -> PendingReason | Stuck | None:
+    """Start `job` now if it fits off the `fenced` nodes (held by blocking reservations) and under quota; else why
+    not (`Stuck`: no node set takes it, explained at the end of the pass)."""
     precheck = cycle.quota_precheck(job)
     if precheck:
         return PendingReason(PendingKind.OVER_QUOTA, precheck)
-    states = cycle.workspace.table.states
-    fenced = frozenset(i for r in blockers for i in r.nodes if states[i].schedulable)
     before = cycle.usage_mark(job.queue)
     with cycle.statement() as stmt:
         stuck = place_gang(cycle, job, stmt, failed, fenced)
@@ -106,10 +107,14 @@ def _try(cycle: Cycle, job: JobSpec, blockers: list[Reservation], failed: Failed
     return stuck
 
 
-def _reserved_for(blockers: list[Reservation]) -> PendingReason:
+def _reserved_for(blockers: list[Reservation], told: Told) -> PendingReason:
+    """Why a job held off by `blockers` alone waits: the soonest of them (one reason per holder, shared)."""
     holder = min(blockers, key=lambda r: r.start)
-    return PendingReason(PendingKind.RESERVED_FOR,
-                         f"nodes it fits on are reserved for job {holder.job_id} from t={holder.start:.0f}")
+    reason = told.get(holder.job_id)
+    if reason is None:
+        reason = told[holder.job_id] = PendingReason(PendingKind.RESERVED_FOR, f"nodes it fits on are reserved for "
+                                                     f"job {holder.job_id} from t={holder.start:.0f}")
+    return reason
 
 
 def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
@@ -144,9 +149,11 @@ def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
     return None if stuck is None else Stuck(stuck[0], stuck[1], fenced)
 
 
-def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
+def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]], plan: ReservationPlan | None,
+             told_reserved: Told) -> None:
     """Block each stuck job with why no node takes it, on the nodes now: reservations alone (it fits off them), or
-    why no node takes its task, counted once per (shape, fence)."""
+    why no node takes its task, counted once per (shape, fence). Only a job kept off reservations (by `plan`) has
+    a fence."""
     placer, table = cycle.framework.placer, cycle.workspace.table
     why: dict[tuple[TaskShape, frozenset[int]], list[tuple[str, int]]] = {}
     told: dict[tuple[TaskShape, frozenset[int], int, int], PendingReason] = {}  # jobs of one shape share a reason
@@ -157,7 +164,8 @@ def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]]) -> None:
             if gang not in fits:
                 fits[gang] = _fits_unfenced(cycle, job, set())
             if fits[gang]:
-                cycle.block(job, _reserved_for(blocking(cycle.reservations, job, cycle.now)))
+                assert plan is not None
+                cycle.block(job, _reserved_for(plan.fence(job)[0], told_reserved))
                 continue
         key = (s.shape, s.fenced)
         reason = told.get((*key, s.task_index, len(job.tasks)))
