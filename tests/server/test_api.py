@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpupool.server.db.engine import Database
+from gpupool.server.scheduler.pending import PendingJobs
+
 
 def test_fresh_server_has_a_default_org_project_queue_and_operator(server):
     with server.client() as c:
@@ -158,3 +161,19 @@ def test_ten_tenths_share_one_gpu_and_an_eleventh_waits(server):
         assert states.count("scheduled") == 10 and states.count("pending") == 1
         node = c.get("/nodes").json()[0]
         assert node["gpus"][0]["allocated_milli"] == 1000
+
+
+def test_pending_jobs_of_equal_shape_share_one_shape_object(shared_server):
+    """The scheduler's view of pending jobs gives equal task shapes one object (the core's lookups by shape then
+    succeed by identity); different shapes stay apart."""
+    with shared_server.client() as c:
+        ids = [c.post("/jobs", json={"command": ["true"], "gpus": gpus, "tags": {"test": "shapes"}}).json()["id"]
+               for gpus in ("0.5", "0.5", "2")]
+    db = Database(shared_server.database_url or f"sqlite:///{shared_server.data_dir / 'gpupool.db'}")
+    try:
+        with db.session() as session:
+            specs = {p.spec.id: p.spec for p in PendingJobs().read(session)}
+    finally:
+        db.engine.dispose()
+    half, other_half, two = (specs[i].tasks[0].shape for i in ids)
+    assert half is other_half and half == other_half != two

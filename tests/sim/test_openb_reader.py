@@ -23,6 +23,12 @@ def test_real_openb_files_parse(openb):
     assert sum(1 for p in constrained if p.shape.gpu_models) == 2388
 
 
+def test_pods_of_equal_shape_share_one_shape_object(openb):
+    pods = read_pods(openb / "openb_pod_list_default.csv")
+    distinct = {p.shape for p in pods}
+    assert len({id(p.shape) for p in pods}) == len(distinct) < 200
+
+
 @pytest.mark.parametrize(
     ("row", "line", "column"),
     [("p1,abc,1024,1,500,,LS,Running,0,10,0\n", 3, "cpu_milli"),

@@ -78,8 +78,12 @@ def job_shape(spec: dict[str, Any], share_group: str = "") -> TaskShape:
                      has_image=bool(spec.get("image")))
 
 
-def job_spec(row: Job) -> JobSpec:
+def job_spec(row: Job, shapes: dict[TaskShape, TaskShape] | None = None) -> JobSpec:
+    """The job as the scheduling core sees it. With `shapes`, a shape equal to one in it is replaced by that one
+    object (and a new one added), so that the core's lookups by shape find it by identity."""
     shape = job_shape(row.spec, share_group=row.org_id)
+    if shapes is not None:
+        shape = shapes.setdefault(shape, shape)
     tasks = tuple(TaskSpec(f"{row.id}/{i}", shape) for i in range(int(row.spec["tasks"])))
     limit = row.spec.get("runtime_limit_s")
     return JobSpec(row.id, tasks, queue=row.queue, min_tasks=int(row.spec.get("min_tasks") or len(tasks)),

@@ -122,9 +122,13 @@ def _shape(path: Path, line: int, row: dict[str, str]) -> TaskShape:
 
 
 def read_pods(path: str | Path) -> list[Pod]:
+    """The pods of a trace, in file order. Pods of equal shape share one `TaskShape` object (a trace of thousands
+    of pods has about a hundred shapes), so the scheduler's many lookups by shape find it by identity instead of
+    comparing it field by field."""
     path = Path(path)
     pods: list[Pod] = []
     names: set[str] = set()
+    shapes: dict[TaskShape, TaskShape] = {}
     for line, row in _rows(path, POD_COLUMNS):
         name = row["name"].strip()
         if not name or name in names:
@@ -132,7 +136,7 @@ def read_pods(path: str | Path) -> list[Pod]:
         names.add(name)
         pods.append(Pod(
             name=name,
-            shape=_shape(path, line, row),
+            shape=shapes.setdefault(shape := _shape(path, line, row), shape),
             qos=row.get("qos", ""),
             phase=row.get("pod_phase", ""),
             creation_time=_field(path, line, row, "creation_time", _optional_time) if "creation_time" in row else None,
