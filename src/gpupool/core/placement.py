@@ -7,7 +7,8 @@ Filters and scores are pure functions of (node kind, node state, shape), so the 
 2. brings a shape's scores up to date, after any change to the table, by reading that array at the key of
    each node changed since (up to `PATCH_MOST` changes, from the table's change log) or else with one
    vectorised gather of it at every node's key (`INFEASIBLE` + reason where a filter rejects); only nodes in
-   states this shape has never met are evaluated, in Python;
+   states this shape has never met are evaluated, in Python (after a gather, only once a reader meets one:
+   `choose` sees them for free, since "not evaluated" is the largest int64 and wins its argmax);
 3. picks the argmax (numpy returns the first, i.e. the lowest node name) or, with the random
    tie-break, a seeded uniform choice among the maxima.
 
@@ -42,13 +43,14 @@ PATCH_MOST = 16
 
 
 class _ShapeScores:
-    __slots__ = ("scores", "by_key", "picks", "seen", "explained", "explained_at")
+    __slots__ = ("scores", "by_key", "picks", "seen", "unresolved", "explained", "explained_at")
 
     def __init__(self, n: int) -> None:
         self.scores = np.full(n, INFEASIBLE, dtype=np.int64)
         self.by_key = np.full(0, UNKNOWN, dtype=np.int64)  # the table's node key -> score (UNKNOWN: not yet)
         self.picks: dict[int, tuple[DeviceShare, ...]] = {}  # the table's node key -> devices (a pure plugin's)
         self.seen = -1  # the table's `seq` when `scores` was brought up to date
+        self.unresolved = False  # whether `scores` may hold UNKNOWN (nodes in states this shape has not met)
         self.explained: list[tuple[str, int]] = []
         self.explained_at = -1
 
@@ -91,7 +93,7 @@ class Placer:
 
     def scores(self, table: NodeTable, shape: TaskShape) -> np.ndarray:
         """Every node's current combined score for `shape` (read-only view; do not mutate)."""
-        return self._current(table, shape).scores
+        return self._resolved(table, shape, self._current(table, shape)).scores
 
     def _entry(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
         """The shape's cache entry for `table`, as it is."""
@@ -104,7 +106,8 @@ class Placer:
         return entry
 
     def _current(self, table: NodeTable, shape: TaskShape) -> _ShapeScores:
-        """The shape's cache entry, brought up to date with the table."""
+        """The shape's cache entry, brought up to date with the table, except that after a gather its scores may
+        hold UNKNOWN for nodes in states the shape has not met (`unresolved`; `_resolved` evaluates them)."""
         entry = self._entry(table, shape)
         if entry.seen == table.seq:
             return entry
@@ -121,11 +124,21 @@ class Placer:
                     score = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
                 scores[i] = score
         else:
-            key_array, by_key = table.key_array(), entry.by_key
-            scores = entry.scores = by_key[key_array]
-            for i in (np.flatnonzero(scores == UNKNOWN).tolist() if scores.size and scores.max() == UNKNOWN else ()):
-                scores[i] = by_key[key_array[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
+            entry.scores = entry.by_key[table.key_array()]
+            entry.unresolved = True
         entry.seen = table.seq
+        return entry
+
+    def _resolved(self, table: NodeTable, shape: TaskShape, entry: _ShapeScores) -> _ShapeScores:
+        """`entry` with every UNKNOWN score a gather left evaluated (into the shape's memo as well)."""
+        if entry.unresolved:
+            by_key, keys, scores = entry.by_key, table.keys, entry.scores
+            for i in np.flatnonzero(scores == UNKNOWN).tolist():
+                score = by_key.item(keys[i])  # nodes of one key: evaluated once
+                if score == _UNKNOWN_INT:
+                    score = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
+                scores[i] = score
+            entry.unresolved = False
         return entry
 
     def choose(self, table: NodeTable, shape: TaskShape, rng: random.Random,
@@ -134,8 +147,13 @@ class Placer:
         treated as infeasible (as if unschedulable, without changing the table or its caches)."""
         if len(table) == 0:
             return None
-        scores = self.scores(table, shape)
-        best = int(scores.argmax())
+        entry = self._current(table, shape)
+        best = int(entry.scores.argmax())
+        if entry.unresolved:  # none left if the maximum is not UNKNOWN, the largest int64
+            if entry.scores.item(best) == _UNKNOWN_INT:
+                best = int(self._resolved(table, shape, entry).scores.argmax())
+            entry.unresolved = False
+        scores = entry.scores
         if excluded and (best in excluded or self.tie_break == "random"):  # else `best` is the masked argmax too
             scores = scores.copy()
             scores[list(excluded)] = INFEASIBLE
@@ -162,7 +180,7 @@ class Placer:
                 excluded: frozenset[int] = frozenset()) -> list[tuple[str, int]]:
         """Why nodes reject `shape`: (reason, node count) pairs, most common first, then by reason (kept until the
         table changes: many pending jobs of one shape ask in a row). Nodes in `excluded` count as reserved."""
-        entry = self._current(table, shape)
+        entry = self._resolved(table, shape, self._current(table, shape))
         if entry.explained_at != table.seq:
             entry.explained, entry.explained_at = _reasons(entry.scores, self._reasons), table.seq
         if not excluded:
