@@ -81,23 +81,22 @@ class ReservationPlan:
         self.reservations = cycle.reservations
         #: (planned end, task id, node index) of the snapshot's running tasks, soonest first (sorted once a cycle)
         self._planned: list[tuple[float, str, int]] | None = None
-        self._fences: dict[tuple[int, float | None], tuple[list[Reservation], frozenset[int]]] = {}
-        self._holders = {r.job_id for r in self.reservations}
+        self._fences: dict[tuple[int, ...], tuple[list[Reservation], frozenset[int]]] = {}
 
     def fence(self, job: JobSpec) -> tuple[list[Reservation], frozenset[int]]:
         """The reservations `job` must keep off if it starts now, and their schedulable nodes.
 
-        Kept per (reservations made so far, estimate) for the many jobs that hold no reservation: while allocating,
-        reservations are only added and no node is fenced off (only evicting actions do that), so equal keys give
-        equal fences; and one frozenset per fence hashes once as part of many `failed` keys."""
-        key = (len(self.reservations), job.estimate_s)
+        Kept per set of blocking reservations (by position: while allocating, reservations are only added, and no
+        node is fenced off, which only evicting actions do), so that each fence's nodes are gathered, and hashed as
+        part of `failed` keys, once."""
+        now, estimate, reservations = self.cycle.now, job.estimate_s, self.reservations
+        key = tuple(k for k, r in enumerate(reservations) if r.job_id != job.id and r.blocks(now, estimate))
         found = self._fences.get(key)
-        if found is None or job.id in self._holders:
+        if found is None:
             states = self.cycle.workspace.table.states
-            blockers = blocking(self.reservations, job, self.cycle.now)
-            found = (blockers, frozenset(i for r in blockers for i in r.nodes if states[i].schedulable))
-            if job.id not in self._holders:
-                self._fences[key] = found
+            blockers = [reservations[k] for k in key]
+            found = self._fences[key] = (blockers, frozenset(i for r in blockers for i in r.nodes
+                                                             if states[i].schedulable))
         return found
 
     def qualifies(self, job: JobSpec) -> bool:
@@ -143,7 +142,6 @@ class ReservationPlan:
                 if nodes is not None:
                     reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate)
                     self.reservations.append(reservation)
-                    self._holders.add(job.id)
                     return reservation
             if upcoming is None or upcoming[0] - now > self.window_s:
                 return None
