@@ -104,8 +104,8 @@ def test_a_placement_dearer_than_the_cheapest_model_is_checked_again():
 
 
 def test_the_quota_precheck_tells_preemptible_from_non_preemptible_jobs_of_one_shape():
-    # minimal charges are remembered per (preemptible, shapes) on the tree: a non-preemptible job must fit the
-    # guarantee (0 here), a preemptible one of the same shape only the limit, in whichever order they are asked
+    # minimal charges are remembered per job on the tree: a non-preemptible job must fit the guarantee (0 here), a
+    # preemptible one of the same shape only the limit, in whichever order they are asked, also under one job id
     from gpupool.core import QueueSpec, QueueTree, ResourceVector, scheduling_profile
     from gpupool.core.cycle import Cycle
     from gpupool.core.queues import GPU_UNITS
@@ -119,6 +119,19 @@ def test_the_quota_precheck_tells_preemptible_from_non_preemptible_jobs_of_one_s
                       random.Random(0))
         verdicts = {job.preemptible: cycle.quota_precheck(job) for job in jobs}
         assert verdicts[True] == "" and "guarantee" in verdicts[False], verdicts
+
+
+def test_a_new_job_under_a_remembered_id_is_charged_for_its_own_tasks():
+    from gpupool.core import QueueSpec, QueueTree, ResourceVector, scheduling_profile
+    from gpupool.core.cycle import Cycle
+    from gpupool.core.queues import GPU_UNITS
+    tree = QueueTree([QueueSpec("q", limit=ResourceVector({GPU_UNITS: 4000}))])
+    table = table_of(make_node("a", gpus=8))
+    framework = Framework.build(scheduling_profile("fifo", "bestfit"), default_registry())
+    for gpus, refused in ((8, True), (1, False), (8, True)):
+        job = make_job("j", make_shape(1000, gpu_count=gpus), queue="q")
+        cycle = Cycle(ClusterSnapshot(table, (job,), {}, queues=tree), framework, FixedClock(0.0), random.Random(0))
+        assert bool(cycle.quota_precheck(job)) is refused, gpus
 
 
 def test_garbage_collection_waits_for_the_cycle_to_end():

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gpupool.core.actions.reservations import Reservation
 
 
-#: distinct (preemptible, task shapes) whose minimal charge a queue tree remembers before it starts again
+#: jobs whose minimal charge a queue tree remembers before it starts again
 CHARGE_MEMO_LIMIT = 100_000
 
 
@@ -159,19 +159,19 @@ class Cycle:
         return reason
 
     def _charge(self, job: JobSpec) -> tuple[ResourceVector, tuple[tuple[str, int], ...]]:
-        """The job's minimal charge and the part of it the rules read: a function of its task shapes and whether
-        it may be preempted, kept on the tree (pending jobs come back every cycle)."""
+        """The job's minimal charge and the part of it the rules read: a function of its tasks and whether it may be
+        preempted, kept on the tree per job id (pending jobs come back every cycle) for as long as the job's tasks
+        are the same tuple object."""
         assert self.tree is not None
-        memo = self.tree.derived.setdefault(minimal_charge, {})
-        assert isinstance(memo, dict)
-        key = (job.preemptible, *(task.shape for task in job.tasks))
-        found = memo.get(key)
-        if found is None:
-            if len(memo) >= CHARGE_MEMO_LIMIT:
-                memo.clear()
+        memo = self.tree.derived.get(minimal_charge)
+        if not isinstance(memo, dict) or len(memo) >= CHARGE_MEMO_LIMIT:
+            memo = self.tree.derived[minimal_charge] = {}
+        found = memo.get(job.id)
+        if found is None or found[0] is not job.tasks or found[1] != job.preemptible:
             charge = minimal_charge(job, self.tree)
-            found = memo[key] = (charge, tuple(item for item in charge.items() if self.tree.checks(item[0])))
-        return found
+            found = memo[job.id] = (job.tasks, job.preemptible, charge,
+                                    tuple(item for item in charge.items() if self.tree.checks(item[0])))
+        return found[2], found[3]
 
     def _within_room(self, job: JobSpec, charge: ResourceVector) -> bool:
         """Whether `charge` fits the queue's headroom as last computed, less all usage added since (a bound)."""
