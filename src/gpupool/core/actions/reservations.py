@@ -20,8 +20,9 @@ import heapq
 import math
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits, without
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
@@ -79,8 +80,8 @@ class ReservationPlan:
         self.reserve_after_s = reserve_after_s
         self.window_s = window_s
         self.reservations = cycle.reservations
-        #: (planned end, task id, node index) of the snapshot's running tasks, soonest first (sorted once a cycle)
-        self._planned: list[tuple[float, str, int]] | None = None
+        #: the snapshot's running tasks, their planned ends, and their positions soonest end first (once a cycle)
+        self._planned: tuple[list[RunningTask], list[float], list[int]] | None = None
         self._fences: dict[tuple[int, ...], tuple[list[Reservation], frozenset[int]]] = {}
 
     def fence(self, job: JobSpec) -> tuple[list[Reservation], frozenset[int]]:
@@ -151,12 +152,12 @@ class ReservationPlan:
         """(planned end, task id, node index) of every task running now on a relevant node, soonest first, read
         lazily: the snapshot's tasks sorted once per cycle, merged with the tasks this cycle placed or moved."""
         ws, now, index = self.cycle.workspace, self.cycle.now, self.cycle.workspace.table.index
-        if self._planned is None:  # by planned end only: tasks ending at the same time are released together
-            self._planned = [(planned_end(t, now) if t.expected_end is None else t.expected_end, t.task_id,
-                              index[t.node]) for t in ws.snapshot.running.values()]
-            self._planned.sort(key=itemgetter(0))
+        if self._planned is None:  # by planned end only (stable): tasks ending at the same time are released together
+            tasks = list(ws.snapshot.running.values())
+            ends = [planned_end(t, now) if t.expected_end is None else t.expected_end for t in tasks]
+            self._planned = (tasks, ends, np.argsort(np.array(ends, dtype=float), kind="stable").tolist())
+        kept = _in_order(*self._planned, relevant, index, ws.overlay)
         overlay = ws.overlay
-        kept = (r for r in self._planned if relevant[r[2]] and r[1] not in overlay)
         fresh = sorted((planned_end(t, now), t.task_id, i) for t in overlay.values()
                        if t is not None and relevant[i := index[t.node]])
         return heapq.merge(kept, fresh) if fresh else kept
@@ -184,6 +185,17 @@ class ReservationPlan:
             scratch[i] = state.take(task.shape, _any_shares(state, task.shape))
             chosen.append(i)
         return chosen
+
+
+def _in_order(tasks: list[RunningTask], ends: list[float], order: list[int], relevant: list[bool],
+              index: dict[str, int], overlay: dict[str, RunningTask | None]) -> Iterator[tuple[float, str, int]]:
+    """(planned end, task id, node index) of `tasks` in `order`, those on relevant nodes that this cycle has not
+    moved or evicted (the overlay's word on them is read separately)."""
+    for k in order:
+        task = tasks[k]
+        i = index[task.node]
+        if relevant[i] and task.task_id not in overlay:
+            yield ends[k], task.task_id, i
 
 
 def _copies(table: NodeTable, relevant: list[bool], shape: TaskShape) -> list[int]:
