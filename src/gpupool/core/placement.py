@@ -124,7 +124,7 @@ class Placer:
                     score = by_key[keys[i]] = self._evaluate(table.kinds[i], table.states[i], shape)
                 scores[i] = score
         else:
-            entry.scores = entry.by_key[table.key_array()]
+            entry.scores = entry.by_key.take(table.key_array())  # take: faster than fancy indexing
             entry.unresolved = True
         entry.seen = table.seq
         return entry

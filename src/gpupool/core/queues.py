@@ -113,14 +113,13 @@ class QueueTree:
         A non-preemptible task's GPU units count a second time under "np:gpu", which must stay within
         the guarantee.
         """
-        milli = sum(s.milli for s in shares)
+        milli = sum([s.milli for s in shares])
         key = (shape.cpu_milli, shape.memory_mib, milli, model, preemptible)
-        memo = self.derived.setdefault(QueueTree.charge, {})
-        assert isinstance(memo, dict)
+        memo = self.derived.get(QueueTree.charge)
+        if not isinstance(memo, dict) or len(memo) >= CHARGES_KEPT:
+            memo = self.derived[QueueTree.charge] = {}
         charge = memo.get(key)
         if charge is None:
-            if len(memo) >= CHARGES_KEPT:
-                memo.clear()
             amounts = {CPU: shape.cpu_milli, MEMORY: shape.memory_mib}
             if milli:
                 amounts[GPU_UNITS] = milli * self.gpu_units.get(model, DEFAULT_UNIT) // MILLI
