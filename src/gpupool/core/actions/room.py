@@ -13,6 +13,7 @@ goes to the best node off the caller's `move_off` nodes.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,7 +42,10 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     table = cycle.workspace.table
     by_node, freed = _by_node(cycle, victims)
     candidates, looked = [], 0
-    for milli, i in sorted((milli, i) for i, milli in freed.items()):  # nodes are indexed in name order
+    nodes = [(milli, i) for i, milli in freed.items()]  # nodes are indexed in name order
+    heapq.heapify(nodes)  # popped in sorted order, and a search mostly stops long before the last
+    while nodes:
+        milli, i = heapq.heappop(nodes)
         kind = table.kinds[i]
         if i in fenced:
             continue
