@@ -21,6 +21,7 @@ its guarantee, waited 11.5 h for a 40-GPU gang). The `fair-share` profile turns 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from gpupool.core.actions.evicting import Attempts, start_by_evicting
@@ -56,9 +57,9 @@ class ReclaimAction(Action):
         units: _JobUnits | None = None
         # listed for the first job that may reclaim, kept for the whole cycle
         evictable: list[RunningTask] | None = None
-        # per reclaiming queue: the evictable tasks of other queues, listed once; tasks evicted since stay in the
-        # list (making room skips what no longer runs), so the list and its grouping by node are reused
-        others: dict[str, list[RunningTask]] = {}
+        # per reclaiming queue: the evictable tasks of other queues and their queues, listed once; tasks evicted
+        # since stay in the list (making room skips what no longer runs), so the list and its grouping are reused
+        others: dict[str, tuple[list[RunningTask], frozenset[str]]] = {}
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
                 return
@@ -67,11 +68,15 @@ class ReclaimAction(Action):
             if evictable is None or units is None:
                 units = _JobUnits(cycle)
                 evictable = [t for t in cycle.workspace.still_running() if _evictable(cycle, tree, t)]
-            candidates = others.get(job.queue)
-            if candidates is None:
-                candidates = others[job.queue] = [t for t in evictable if t.queue != job.queue]
+            listed = others.get(job.queue)
+            if listed is None:
+                candidates = [t for t in evictable if t.queue != job.queue]
+                listed = others[job.queue] = (candidates, frozenset(t.queue for t in candidates))
+            candidates, victim_queues = listed
             if any(cycle.workspace.running(t.task_id) is not None for t in candidates):
                 may_take = _KeepsShare(cycle, tree, job, units, self.guarantee_deserved_quota)
+                if may_take.refuses_all(victim_queues):
+                    candidates = []  # no search: it would find no node (the job may still start where it fits)
                 evicted = start_by_evicting(cycle, job, candidates, may_take, left, "reclaimed")
                 attempts.record(job, evicted)
                 left -= evicted
@@ -116,21 +121,30 @@ class _KeepsShare:
         # the reclaimer's side as it stands before the job: its own tasks placed while room is made are its demand
         demand = demand_units(job, tree) if guarantee else 0
         self.with_job = {q: self._used(q) + demand for q in tree.paths[job.queue]} if guarantee else {}
-        self.floors: dict[str, tuple[str, int, int | None]] = {}
+        self.floors: dict[str, tuple[str, int]] = {}
 
     def __call__(self, task: RunningTask) -> bool:
         if task.queue not in self.tree.specs:
             return True
-        floors = self.floors.get(task.queue)
-        if floors is None:
-            floors = self.floors[task.queue] = self._floors(task.queue)
-        side, share, guaranteed = floors
-        remaining = self._used(side) - self.units(task.job_id)
-        return remaining >= share or (guaranteed is not None and remaining >= guaranteed)
+        slack = self._slack(task.queue)
+        return slack >= 0 and self.units(task.job_id) <= slack
 
-    def _floors(self, victim_queue: str) -> tuple[str, int, int | None]:
-        """(the victim's side, the least it must keep by MaintainFairShare, and by GuaranteeDeservedQuota or None
-        where that strategy does not apply), fixed for the job within the cycle."""
+    def refuses_all(self, queues: Iterable[str]) -> bool:
+        """Whether every task of `queues` is refused whatever its job holds (it stays so as victims go)."""
+        return all(q in self.tree.specs and self._slack(q) < 0 for q in queues)
+
+    def _slack(self, victim_queue: str) -> int:
+        """The most GPU units a victim job of `victim_queue` may hold: what its side holds above the least it
+        must keep (negative when it must keep more than it holds)."""
+        floor = self.floors.get(victim_queue)
+        if floor is None:
+            floor = self.floors[victim_queue] = self._floor(victim_queue)
+        side, least = floor
+        return self._used(side) - least
+
+    def _floor(self, victim_queue: str) -> tuple[str, int]:
+        """(the victim's side, the least it must keep: its share by MaintainFairShare, or its guaranteed quota
+        where GuaranteeDeservedQuota applies and that is less), fixed for the job within the cycle."""
         side = diverging_queue(self.tree, self.job.queue, victim_queue)
         spec = self.tree.specs[side]
         guaranteed = spec.guaranteed[GPU_UNITS]
@@ -139,7 +153,7 @@ class _KeepsShare:
             share = min(share, spec.limit[GPU_UNITS])
         mine = diverging_queue(self.tree, victim_queue, self.job.queue)
         within = self.guarantee and self.with_job[mine] <= self.tree.specs[mine].guaranteed[GPU_UNITS]
-        return side, share, guaranteed if within else None
+        return side, min(share, guaranteed) if within else share
 
     def _used(self, queue: str) -> int:
         used = self.cycle.workspace.usage.get(queue)

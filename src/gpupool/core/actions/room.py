@@ -4,17 +4,17 @@ caller's Statement, and a candidate node that does not work out is rolled back.
 
 Candidates are the nodes where the task would fit if every victim task on them that `may_take` allows now
 were gone: at most `CANDIDATE_NODES` of the first `LOOKED_NODES` nodes that would fit it with all their victims
-gone, in order of least victim GPU on them, then name. On a candidate, its victims (in the caller's `order`, asked
-of that node's victims alone: only the order within a node matters, so no cycle sorts every running task) are
-moved or evicted one at a time, each re-checked with `may_take` just before, until the task fits there.
-Evicting a task evicts every running task of its job, so no gang is left below its size; a moved task
-goes to the best node off the caller's `move_off` nodes.
+gone, in order of least victim GPU on them, then name, each tried as soon as it is found. On a candidate, its
+victims (in the caller's `order`, asked of that node's victims alone: only the order within a node matters, so no
+cycle sorts every running task) are moved or evicted one at a time, each re-checked with `may_take` just before,
+until the task fits there. Evicting a task evicts every running task of its job, so no gang is left below its
+size; a moved task goes to the best node off the caller's `move_off` nodes.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,9 +39,23 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     works. Victims are moved to the best node off `move_off`, or evicted when `move_off` is None. `victims` are
     tasks as they ran when the caller listed them (from `Workspace.still_running`), in any order; `order` ranks
     the victims of one node (an order that does not depend on theirs, like `VictimPlugin.order_victims`)."""
-    table = cycle.workspace.table
     by_node, freed = _by_node(cycle, victims)
-    candidates, looked = [], 0
+    # Each candidate is tried as soon as it is found: a candidate that does not work out is rolled back, which
+    # leaves the state the search reads as it was, so the search finds the same nodes as it would all at once.
+    for i in _candidates(cycle, shape, by_node, freed, may_take, fenced):
+        checkpoint = stmt.checkpoint()
+        used = _free(cycle, stmt, i, shape, order(by_node[i]), may_take, move_off, allowance, reason)
+        if used is not None:
+            return i, used
+        stmt.rollback(checkpoint)
+    return None
+
+
+def _candidates(cycle: Cycle, shape: TaskShape, by_node: dict[int, list[RunningTask]], freed: dict[int, int],
+                may_take: Callable[[RunningTask], bool], fenced: frozenset[int]) -> Iterator[int]:
+    """The candidate nodes for `shape`, in order (the module's contract), found one at a time."""
+    table = cycle.workspace.table
+    found, looked = 0, 0
     nodes = [(milli, i) for i, milli in freed.items()]  # nodes are indexed in name order
     heapq.heapify(nodes)  # popped in sorted order, and a search mostly stops long before the last
     while nodes:
@@ -56,19 +70,13 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
             continue
         if not state.schedulable or node_fits(kind, without(state, ((t.shape, t.shares) for t in by_node[i])), shape):
             continue
+        looked += 1
         # victims `may_take` refuses now stay: it only grows stricter as victims go
         if not node_fits(kind, without(state, ((t.shape, t.shares) for t in by_node[i] if may_take(t))), shape):
-            candidates.append(i)
-        looked += 1
-        if len(candidates) == CANDIDATE_NODES or looked == LOOKED_NODES:
-            break
-    for i in candidates:
-        checkpoint = stmt.checkpoint()
-        used = _free(cycle, stmt, i, shape, order(by_node[i]), may_take, move_off, allowance, reason)
-        if used is not None:
-            return i, used
-        stmt.rollback(checkpoint)
-    return None
+            found += 1
+            yield i
+        if found == CANDIDATE_NODES or looked == LOOKED_NODES:
+            return
 
 
 def _by_node(cycle: Cycle, victims: Sequence[RunningTask]) -> tuple[dict[int, list[RunningTask]], dict[int, int]]:
