@@ -13,11 +13,10 @@ from fractions import Fraction
 class ResourceVector(Mapping[str, int]):
     """A frozen mapping resource -> int >= 0; missing resources read as 0, and equality ignores zeros.
 
-    `_items` is sorted by name, and `_map` holds the same pairs in the same order (arithmetic relies on it).
+    `_map` holds the amounts in name order (arithmetic keeps it so, and iteration relies on it).
     """
 
-    __slots__ = ("_items", "_hash", "_map")
-    _items: tuple[tuple[str, int], ...]
+    __slots__ = ("_hash", "_map")
     _hash: int | None
     _map: dict[str, int]
 
@@ -28,37 +27,35 @@ class ResourceVector(Mapping[str, int]):
                 raise TypeError(f"{name}: resource amounts are integers, got {value!r}")
             if value < 0:
                 raise ValueError(f"{name}: resource amounts are non-negative, got {value}")
-        self._items = tuple(sorted(merged.items()))
-        self._map = dict(self._items)
+        self._map = dict(sorted(merged.items()))
         self._hash = None
 
     @classmethod
     def _trusted(cls, amounts: dict[str, int]) -> ResourceVector:
         """Build from amounts already known to be non-negative ints (arithmetic results)."""
         vector = cls.__new__(cls)
-        vector._items = tuple(sorted(amounts.items()))
-        vector._map = dict(vector._items)
+        vector._map = dict(sorted(amounts.items()))
         vector._hash = None
         return vector
 
     def _nonzero(self) -> tuple[tuple[str, int], ...]:
-        return tuple(item for item in self._items if item[1])
+        return tuple(item for item in self._map.items() if item[1])
 
     def __getitem__(self, name: str) -> int:
         return self._map.get(name, 0)
 
     def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
-        return iter(self._items)
+        return iter(self._map.items())
 
     def __contains__(self, name: object) -> bool:
         """Whether the vector names `name` (even with amount 0, e.g. a limit of 0); missing names read as 0."""
         return name in self._map
 
     def __iter__(self) -> Iterator[str]:
-        return (key for key, _ in self._items)
+        return iter(self._map)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._map)
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -80,9 +77,9 @@ class ResourceVector(Mapping[str, int]):
             out[name] = get(name, 0) + value
         if not isinstance(other, ResourceVector):
             return ResourceVector(out)
-        if len(out) == len(self._items):  # no new names: `out` is still in name order
+        if len(out) == len(self._map):  # no new names: `out` is still in name order
             vector = ResourceVector.__new__(ResourceVector)
-            vector._items, vector._map, vector._hash = tuple(out.items()), out, None
+            vector._map, vector._hash = out, None
             return vector
         return ResourceVector._trusted(out)
 
@@ -98,19 +95,19 @@ class ResourceVector(Mapping[str, int]):
     def changes_from(self, before: ResourceVector) -> list[tuple[str, int]]:
         """(name, amount - before's amount) for every name of this vector whose amount differs, in name order."""
         prior = before._map
-        return [(name, value - prior.get(name, 0)) for name, value in self._items if value != prior.get(name, 0)]
+        return [(name, value - prior.get(name, 0)) for name, value in self._map.items() if value != prior.get(name, 0)]
 
     def scaled(self, factor: int) -> ResourceVector:
         """Every amount multiplied by a non-negative integer factor."""
-        return ResourceVector({k: v * factor for k, v in self._items})
+        return ResourceVector({k: v * factor for k, v in self._map.items()})
 
     def fits_within(self, capacity: Mapping[str, int]) -> bool:
         """True when every amount is at most the capacity's amount for that resource."""
-        return all(value <= capacity.get(name, 0) for name, value in self._items)
+        return all(value <= capacity.get(name, 0) for name, value in self._map.items())
 
     def dominant_share(self, total: Mapping[str, int]) -> Fraction:
         """max over resources of amount/total (DRF); resources with total 0 are ignored."""
-        shares = [Fraction(v, total[k]) for k, v in self._items if total.get(k, 0) > 0]
+        shares = [Fraction(v, total[k]) for k, v in self._map.items() if total.get(k, 0) > 0]
         return max(shares, default=Fraction(0))
 
 

@@ -13,6 +13,7 @@ strictly later submission, so the evicted job can never preempt back the job tha
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from gpupool.core.actions.evicting import Attempts, start_by_evicting
@@ -38,7 +39,10 @@ class PreemptAction(Action):
 
     def execute(self, cycle: Cycle) -> None:
         left, attempts = self.max_victims, Attempts(self.max_attempts)
-        by_queue = _by_queue(cycle)
+        ceilings = self._ceilings(cycle)
+        by_queue = _by_queue(cycle, ceilings)
+        if not by_queue:
+            return  # no running task ranks below a pending job of its queue (one priority for all, say)
         found: dict[tuple[str, int, float], list[RunningTask]] = {}
         for job in cycle.pending_order():
             if left <= 0 or attempts.exhausted:
@@ -53,7 +57,16 @@ class PreemptAction(Action):
             attempts.record(job, evicted)
             left -= evicted
             if evicted:
-                by_queue, found = _by_queue(cycle), {}
+                by_queue, found = _by_queue(cycle, ceilings), {}
+
+    def _ceilings(self, cycle: Cycle) -> dict[str, int]:
+        """Per queue, the priority a task must stay below to rank below some pending job of its queue."""
+        ceilings: dict[str, int] = {}
+        for job in cycle.snapshot.pending:
+            ceiling = job.priority + 1 if self.newer_equal_priority else job.priority
+            if job.queue not in ceilings or ceiling > ceilings[job.queue]:
+                ceilings[job.queue] = ceiling
+        return ceilings
 
     def _may_rank_below(self, job: JobSpec, priority: int) -> bool:
         """Whether a task of `priority` may be a victim of `job` at all."""
@@ -71,17 +84,18 @@ class PreemptAction(Action):
         return cycle.now - task.started_at >= min_runtime
 
 
-def _by_queue(cycle: Cycle) -> dict[str, dict[int, list[RunningTask]]]:
-    """The preemptible tasks still running, by queue and priority (a job looks only at priorities it may take)."""
+def _by_queue(cycle: Cycle, ceilings: dict[str, int]) -> dict[str, dict[int, list[RunningTask]]]:
+    """The preemptible tasks still running below their queue's ceiling, by queue and priority (a job looks only at
+    priorities it may take)."""
     groups: dict[tuple[str, int], list[RunningTask]] = {}
-    for task in cycle.workspace.still_running():
-        if task.preemptible:
-            key = (task.queue, task.priority)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [task]
-            else:
-                group.append(task)
+    for task in [t for t in cycle.workspace.still_running()
+                 if t.preemptible and t.priority < ceilings.get(t.queue, -math.inf)]:
+        key = (task.queue, task.priority)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [task]
+        else:
+            group.append(task)
     by_queue: dict[str, dict[int, list[RunningTask]]] = {}
     for (queue, priority), tasks in groups.items():
         by_queue.setdefault(queue, {})[priority] = tasks

@@ -21,6 +21,7 @@ its guarantee, waited 11.5 h for a 40-GPU gang). The `fair-share` profile turns 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -67,7 +68,7 @@ class ReclaimAction(Action):
                 continue
             if evictable is None or units is None:
                 units = _JobUnits(cycle)
-                evictable = [t for t in cycle.workspace.still_running() if _evictable(cycle, tree, t)]
+                evictable = _evictable(cycle, tree)
             listed = others.get(job.queue)
             if listed is None:
                 candidates = [t for t in evictable if t.queue != job.queue]
@@ -88,14 +89,12 @@ def _under_share(cycle: Cycle, job: JobSpec) -> bool:
     return used + demand_units(job, cycle.tree) <= cycle.fair_shares.get(job.queue, 0)
 
 
-def _evictable(cycle: Cycle, tree: QueueTree, task: RunningTask) -> bool:
-    """May any other queue's job reclaim this task, one that was running when the cycle began (it is
-    preemptible and has run its queue's minimum)?"""
-    if not task.preemptible:
-        return False
-    if task.queue not in tree.specs:
-        return True
-    return cycle.now - task.started_at >= tree.specs[task.queue].reclaim_min_runtime_s
+def _evictable(cycle: Cycle, tree: QueueTree) -> list[RunningTask]:
+    """The tasks any other queue's job may reclaim: running when the cycle began and still, preemptible, and run
+    for their queue's minimum (no minimum outside the tree)."""
+    now, least = cycle.now, {name: spec.reclaim_min_runtime_s for name, spec in tree.specs.items()}
+    return [t for t in cycle.workspace.still_running()
+            if t.preemptible and now - t.started_at >= least.get(t.queue, -math.inf)]
 
 
 def diverging_queue(tree: QueueTree, reclaimer: str, victim: str) -> str:
