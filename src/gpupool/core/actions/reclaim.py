@@ -85,8 +85,8 @@ class ReclaimAction(Action):
 
 def _under_share(cycle: Cycle, job: JobSpec) -> bool:
     assert cycle.tree is not None
-    used = cycle.workspace.usage.get(job.queue, EMPTY)[GPU_UNITS]
-    return used + demand_units(job, cycle.tree) <= cycle.fair_shares.get(job.queue, 0)
+    used, share = cycle.workspace.usage.get(job.queue, EMPTY)[GPU_UNITS], cycle.fair_shares.get(job.queue, 0)
+    return used <= share and used + demand_units(job, cycle.tree) <= share  # a demand is never negative
 
 
 def _evictable(cycle: Cycle, tree: QueueTree) -> list[RunningTask]:
