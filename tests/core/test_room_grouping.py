@@ -1,5 +1,6 @@
 """Making room groups its victims by node once per list and cycle; after evictions and moves in the cycle the
-grouping it uses equals one made afresh from the tasks as they run now (Hypothesis)."""
+grouping it uses, and its order of nodes by victim GPU, equal those made afresh from the tasks as they run now
+(Hypothesis)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,18 @@ from gpupool.core.testing.builders import make_node, make_shape, run_on, table_o
 WHOLE = make_shape(1000)
 
 
-def _fresh(cycle: Cycle, victims) -> tuple[dict, dict]:
+def _fresh(cycle: Cycle, victims) -> tuple[dict, list]:
     by_node: dict = {}
     for task in victims:
         current = cycle.workspace.running(task.task_id)
         if current is not None and current.node == task.node:
             by_node.setdefault(cycle.workspace.table.index[task.node], []).append(current)
-    return by_node, {i: sum(t.shape.total_gpu_milli for t in ts) for i, ts in by_node.items()}
+    return by_node, sorted((sum(t.shape.total_gpu_milli for t in ts), i) for i, ts in by_node.items())
+
+
+def _used(cycle: Cycle, victims) -> tuple[dict, list]:
+    by_node, ascending = _by_node(cycle, victims)
+    return by_node, list(ascending)
 
 
 @settings(max_examples=40, deadline=None)
@@ -35,7 +41,7 @@ def test_the_grouping_follows_evictions_and_moves(changes):
     framework = Framework.build(placement_profile("bestfit"), default_registry())
     cycle = Cycle(ClusterSnapshot(table, (), running), framework, FixedClock(0.0), random.Random(0))
     victims = sorted(running.values(), key=lambda t: t.task_id)
-    assert _by_node(cycle, victims) == _fresh(cycle, victims)
+    assert _used(cycle, victims) == _fresh(cycle, victims)
     with cycle.statement() as stmt:
         for action, k in changes:
             task = cycle.workspace.running(f"j{k}/0")
@@ -45,4 +51,4 @@ def test_the_grouping_follows_evictions_and_moves(changes):
                 stmt.evict(task, "test")
             elif task.node != "n3" and table.states[3].gpu_idle >= 1000:
                 stmt.move(task, 3, framework.placer.pick(table, 3, WHOLE, cycle.rng))
-            assert _by_node(cycle, victims) == _fresh(cycle, victims)
+            assert _used(cycle, victims) == _fresh(cycle, victims)

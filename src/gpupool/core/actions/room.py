@@ -14,7 +14,7 @@ size; a moved task goes to the best node off the caller's `move_off` nodes.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,10 +39,10 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     works. Victims are moved to the best node off `move_off`, or evicted when `move_off` is None. `victims` are
     tasks as they ran when the caller listed them (from `Workspace.still_running`), in any order; `order` ranks
     the victims of one node (an order that does not depend on theirs, like `VictimPlugin.order_victims`)."""
-    by_node, freed = _by_node(cycle, victims)
+    by_node, ascending = _by_node(cycle, victims)
     # Each candidate is tried as soon as it is found: a candidate that does not work out is rolled back, which
     # leaves the state the search reads as it was, so the search finds the same nodes as it would all at once.
-    for i in _candidates(cycle, shape, by_node, freed, may_take, fenced):
+    for i in _candidates(cycle, shape, by_node, ascending, may_take, fenced):
         checkpoint = stmt.checkpoint()
         used = _free(cycle, stmt, i, shape, order(by_node[i]), may_take, move_off, allowance, reason)
         if used is not None:
@@ -51,15 +51,14 @@ def make_room(cycle: Cycle, stmt: Statement, shape: TaskShape, victims: Sequence
     return None
 
 
-def _candidates(cycle: Cycle, shape: TaskShape, by_node: dict[int, list[RunningTask]], freed: dict[int, int],
-                may_take: Callable[[RunningTask], bool], fenced: frozenset[int]) -> Iterator[int]:
-    """The candidate nodes for `shape`, in order (the module's contract), found one at a time."""
+def _candidates(cycle: Cycle, shape: TaskShape, by_node: dict[int, list[RunningTask]],
+                ascending: Iterable[tuple[int, int]], may_take: Callable[[RunningTask], bool],
+                fenced: frozenset[int]) -> Iterator[int]:
+    """The candidate nodes for `shape`, in order (the module's contract), found one at a time from `ascending`
+    (victim GPU, node index) pairs."""
     table = cycle.workspace.table
     found, looked = 0, 0
-    nodes = [(milli, i) for i, milli in freed.items()]  # nodes are indexed in name order
-    heapq.heapify(nodes)  # popped in sorted order, and a search mostly stops long before the last
-    while nodes:
-        milli, i = heapq.heappop(nodes)
+    for milli, i in ascending:
         kind = table.kinds[i]
         if i in fenced:
             continue
@@ -79,27 +78,35 @@ def _candidates(cycle: Cycle, shape: TaskShape, by_node: dict[int, list[RunningT
             return
 
 
-def _by_node(cycle: Cycle, victims: Sequence[RunningTask]) -> tuple[dict[int, list[RunningTask]], dict[int, int]]:
+def _by_node(cycle: Cycle, victims: Sequence[RunningTask]) -> tuple[dict[int, list[RunningTask]],
+                                                                     Iterable[tuple[int, int]]]:
     """The victims as they run now (`Workspace.running`: earlier changes may have moved or evicted some), by node
-    index, and the GPU they hold per node. The grouping of the list as given is kept on the cycle (callers reuse
-    one list for many jobs); only nodes with a victim changed in this cycle are regrouped."""
+    index, and (GPU they hold, node index) for those nodes in ascending order. The grouping and order of the list
+    as given are kept on the cycle (callers reuse one list for many jobs); only nodes with a victim changed in this
+    cycle are regrouped, and merged into the kept order (a search mostly reads only its first few nodes)."""
     listed = _listed(cycle, victims)
     overlay = cycle.workspace.overlay
-    by_node, freed = dict(listed.by_node), dict(listed.freed)
-    for i in {listed.node_of[t] for t in overlay if t in listed.node_of}:
+    changed = {listed.node_of[t] for t in overlay if t in listed.node_of}
+    if not changed:
+        return listed.by_node, listed.ascending
+    by_node, regrouped = dict(listed.by_node), []
+    for i in changed:
         now = [c for t in listed.by_node[i] if (c := overlay.get(t.task_id, t)) is not None and c.node == t.node]
-        by_node[i] = now
-        freed[i] = sum(t.shape.total_gpu_milli for t in now)
-        if not now:
-            del by_node[i], freed[i]
-    return by_node, freed
+        if now:
+            by_node[i] = now
+            regrouped.append((sum(t.shape.total_gpu_milli for t in now), i))
+        else:
+            del by_node[i]
+    kept = (entry for entry in listed.ascending if entry[1] not in changed)
+    return by_node, heapq.merge(kept, sorted(regrouped))
 
 
 @dataclass(frozen=True, slots=True)
 class _Listed:
     victims: Sequence[RunningTask]
     by_node: dict[int, list[RunningTask]]
-    freed: dict[int, int]
+    #: (GPU the victims hold, node index) per node, ascending
+    ascending: list[tuple[int, int]]
     node_of: dict[str, int]
 
 
@@ -119,7 +126,8 @@ def _listed(cycle: Cycle, victims: Sequence[RunningTask]) -> _Listed:
         i = node_of[task.task_id] = index[task.node]
         by_node.setdefault(i, []).append(task)
         freed[i] = freed.get(i, 0) + task.shape.total_gpu_milli
-    found = memo[id(victims)] = _Listed(victims, by_node, freed, node_of)
+    ascending = sorted((milli, i) for i, milli in freed.items())
+    found = memo[id(victims)] = _Listed(victims, by_node, ascending, node_of)
     return found
 
 
