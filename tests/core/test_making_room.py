@@ -15,7 +15,6 @@ from gpupool.core import (
     Framework,
     QueueSpec,
     QueueTree,
-    ResourceVector,
     default_registry,
     placement_profile,
     scheduling_profile,
@@ -23,8 +22,7 @@ from gpupool.core import (
 from gpupool.core.actions.reclaim import _JobUnits, _KeepsShare
 from gpupool.core.actions.room import make_room
 from gpupool.core.cycle import Cycle
-from gpupool.core.queues import GPU_UNITS
-from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
+from gpupool.core.testing.builders import gpu_units, make_job, make_node, make_shape, run_on, table_of
 
 ONE = make_shape(1000)
 NO_GPU = make_shape(0, cpu_milli=1000)
@@ -50,9 +48,6 @@ def test_making_room_tries_each_candidate_as_soon_as_it_is_found():
     assert asked == {"n0"}
 
 
-def _gpus(n: int) -> ResourceVector:
-    return ResourceVector({GPU_UNITS: n * 1000})
-
 
 @settings(max_examples=60, deadline=None)
 @given(guaranteed=st.lists(st.integers(0, 6), min_size=3, max_size=3),
@@ -63,8 +58,8 @@ def test_a_reclaimer_refuses_a_whole_queue_exactly_when_it_refuses_a_victim_hold
     """Queues A, B (under P when nested) and C hold jobs of 1-3 GPUs and one job without GPU each; a 1-GPU job of
     A asks. For each victim queue, `refuses_all` agrees with the rule on the job without GPU, and when it holds
     the rule refuses every job of that queue."""
-    parent = [QueueSpec("P", guaranteed=_gpus(guaranteed[1] + guaranteed[2]))] if nested else []
-    tree = QueueTree(parent + [QueueSpec(q, parent="P" if nested and q != "A" else None, guaranteed=_gpus(g))
+    parent = [QueueSpec("P", guaranteed=gpu_units(guaranteed[1] + guaranteed[2]))] if nested else []
+    tree = QueueTree(parent + [QueueSpec(q, parent="P" if nested and q != "A" else None, guaranteed=gpu_units(g))
                                for q, g in zip("ABC", guaranteed, strict=True)])
     table = table_of(*[make_node(f"n{i}", gpus=8) for i in range(6)])
     running: dict = {}

@@ -16,18 +16,12 @@ from gpupool.core import (
     Framework,
     QueueSpec,
     QueueTree,
-    ResourceVector,
     default_registry,
     run_cycle,
     scheduling_profile,
 )
-from gpupool.core.queues import GPU_UNITS
-from gpupool.core.testing.builders import make_job, make_node, make_shape
+from gpupool.core.testing.builders import gpu_units, make_job, make_node, make_shape
 from gpupool.sim.cluster import SimCluster
-
-
-def gpus(n):
-    return ResourceVector({GPU_UNITS: n * 1000})
 
 
 @settings(max_examples=100, deadline=None)
@@ -35,8 +29,8 @@ def gpus(n):
        st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 4), st.integers(0, 10)), min_size=1, max_size=12),
        st.sampled_from(["fair-share", "default", "drf", "priority"]), st.booleans())
 def test_displaced_jobs_never_evict_their_displacer(g_a, g_b, w_a, w_b, submissions, profile_name, extended):
-    tree = QueueTree([QueueSpec("A", guaranteed=gpus(g_a), over_quota_weight=w_a),
-                      QueueSpec("B", guaranteed=gpus(g_b), over_quota_weight=w_b)])
+    tree = QueueTree([QueueSpec("A", guaranteed=gpu_units(g_a), over_quota_weight=w_a),
+                      QueueSpec("B", guaranteed=gpu_units(g_b), over_quota_weight=w_b)])
     cluster = SimCluster([make_node(f"n{i}", gpus=4) for i in range(2)], tree)
     profile = scheduling_profile(profile_name, "bestfit")
     if "reclaim" in profile.actions:  # with and without KAI's GuaranteeDeservedQuota strategy

@@ -15,19 +15,14 @@ from gpupool.core import (
     Framework,
     QueueSpec,
     QueueTree,
-    ResourceVector,
     default_registry,
     scheduling_profile,
 )
 from gpupool.core.decisions import Move
-from gpupool.core.queues import GPU_UNITS
-from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
+from gpupool.core.testing.builders import gpu_units, make_job, make_node, make_shape, run_on, table_of
 
 ONE = make_shape(1000)
 
-
-def gpus(n):
-    return ResourceVector({GPU_UNITS: n * 1000})
 
 
 def _cycle(table, running, jobs, tree, profile="fair-share", now=3600.0, reclaim=None):
@@ -39,8 +34,8 @@ def _cycle(table, running, jobs, tree, profile="fair-share", now=3600.0, reclaim
 
 
 def _a_holds_all(reclaim_min_runtime_s=0.0, started_at=0.0):
-    tree = QueueTree([QueueSpec("A", guaranteed=gpus(4), reclaim_min_runtime_s=reclaim_min_runtime_s),
-                      QueueSpec("B", guaranteed=gpus(4))])
+    tree = QueueTree([QueueSpec("A", guaranteed=gpu_units(4), reclaim_min_runtime_s=reclaim_min_runtime_s),
+                      QueueSpec("B", guaranteed=gpu_units(4))])
     table = table_of(make_node("n1", gpus=4), make_node("n2", gpus=4))
     running = {}
     for k in range(8):
@@ -67,8 +62,8 @@ def test_reclaim_refused_beyond_the_fair_share():
 def _a_over_its_guarantee_with_idle_pieces(b_guaranteed):
     """Three 4-GPU nodes: A (guaranteed 2) runs seven 1-GPU jobs on n1 and n2, C (guaranteed 2) two on n3; the
     three idle GPUs lie on n2 and n3. Fair shares for B asking one whole node: A 6, B 4, C 2."""
-    tree = QueueTree([QueueSpec("A", guaranteed=gpus(2)), QueueSpec("B", guaranteed=gpus(b_guaranteed)),
-                      QueueSpec("C", guaranteed=gpus(2))])
+    tree = QueueTree([QueueSpec("A", guaranteed=gpu_units(2)), QueueSpec("B", guaranteed=gpu_units(b_guaranteed)),
+                      QueueSpec("C", guaranteed=gpu_units(2))])
     table = table_of(*[make_node(f"n{i}", gpus=4) for i in (1, 2, 3)])
     running = {}
     for k in range(7):
@@ -98,7 +93,7 @@ def test_reclaim_guarantees_the_deserved_quota(guarantee, b_guaranteed, want_evi
 def test_reclaim_looks_past_nodes_whose_victims_it_may_not_take():
     # n1..n8 each hold a task of C (within its share: protected) and one of A (over its share); n9 holds two of
     # A. All nine hold 2 GPUs of victims, but only on n9 can B's 2-GPU task fit without touching C.
-    tree = QueueTree([QueueSpec("A"), QueueSpec("B", guaranteed=gpus(2)), QueueSpec("C", guaranteed=gpus(8))])
+    tree = QueueTree([QueueSpec("A"), QueueSpec("B", guaranteed=gpu_units(2)), QueueSpec("C", guaranteed=gpu_units(8))])
     table = table_of(*[make_node(f"n{i}", gpus=2) for i in range(1, 10)])
     running = {}
     for i in range(1, 9):
@@ -129,7 +124,7 @@ def test_reclaim_min_runtime_protects_young_jobs(now, want_evictions):
 @pytest.mark.parametrize(("preemptible", "want_started"), [(False, False), (True, True)],
                          ids=["build (non-preemptible) waits", "train (preemptible) starts"])
 def test_non_preemptible_job_must_fit_its_guarantee(preemptible, want_started):
-    tree = QueueTree([QueueSpec("q", guaranteed=gpus(1), limit=gpus(4))])
+    tree = QueueTree([QueueSpec("q", guaranteed=gpu_units(1), limit=gpu_units(4))])
     table = table_of(make_node("n", gpus=4))
     job = make_job("j", make_shape(1000, gpu_count=2), queue="q", preemptible=preemptible)
     result = _cycle(table, {}, [job], tree)
@@ -140,7 +135,7 @@ def test_non_preemptible_job_must_fit_its_guarantee(preemptible, want_started):
 
 def _one_queue_full_of_two_priorities():
     """Queue q fills a 4-GPU node with w1 (priority 10) and w2 (priority 5), 2 GPUs each."""
-    tree = QueueTree([QueueSpec("q", guaranteed=gpus(4))])
+    tree = QueueTree([QueueSpec("q", guaranteed=gpu_units(4))])
     table = table_of(make_node("n", gpus=4))
     running = {}
     run_on(table, running, "n", "w1/0", make_shape(1000, gpu_count=2), queue="q", priority=10)
@@ -162,7 +157,7 @@ def test_preemption_inside_a_queue_takes_exactly_the_lower_priority_job():
                          ids=["passed by w2: takes it", "newest: takes none", "option off: takes none"])
 def test_preemption_of_newer_jobs_of_equal_priority(newer_equal, submitted_at, want):
     # Kueue's LowerOrNewerEqualPriority: w1 (submitted at 10) and w2 (at 30) fill the node, all priority 5
-    tree = QueueTree([QueueSpec("q", guaranteed=gpus(4))])
+    tree = QueueTree([QueueSpec("q", guaranteed=gpu_units(4))])
     table = table_of(make_node("n", gpus=4))
     running = {}
     two = make_shape(1000, gpu_count=2)
@@ -211,7 +206,7 @@ def test_fair_share_moves_a_long_small_task_for_a_starving_job_no_eviction_may_s
     """A's 4-GPU job finds no free node: A's own 1-GPU tasks (same priority, so no preemption; same queue, so no
     reclaim) hold a GPU on each. After 2 h of waiting (4 GPUs x 7,200 s) it may restart one elsewhere if that
     throws away no more GPU-time (1 GPU x its age) than it has lost waiting."""
-    tree = QueueTree([QueueSpec("A", guaranteed=gpus(4)), QueueSpec("B", guaranteed=gpus(4))])
+    tree = QueueTree([QueueSpec("A", guaranteed=gpu_units(4)), QueueSpec("B", guaranteed=gpu_units(4))])
     table = table_of(make_node("n1", gpus=4), make_node("n2", gpus=4))
     running = {}
     for k in range(2):

@@ -6,7 +6,14 @@ from collections.abc import Sequence
 
 from gpupool.core.model import DeviceShare, GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
 from gpupool.core.nodes import NodeState, NodeTable
+from gpupool.core.queues import GPU_UNITS
+from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import RunningTask
+
+
+def gpu_units(gpus: int) -> ResourceVector:
+    """A quota of `gpus` whole GPUs in GPU units (the default unit: 1,000 per GPU)."""
+    return ResourceVector({GPU_UNITS: gpus * 1000})
 
 
 def make_node(name: str = "n1", gpus: int = 2, model: str = "A100", cpu_milli: int = 64_000,
