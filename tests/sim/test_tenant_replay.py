@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from gpupool.core import QueueSpec, QueueTree, scheduling_profile
-from gpupool.core.testing.builders import make_job, make_node, make_shape
+from gpupool.core.testing.builders import gpu_units, make_job, make_node, make_shape
 from gpupool.sim.replay import JobArrival, Replay
+from gpupool.sim.replay_report import job_rows, wait_regressions
 from gpupool.sim.tenants import assign_by_hash, load_queues
 from gpupool.sim.traces.errors import TraceError
 
@@ -151,6 +152,38 @@ def test_wait_regressions_compare_a_run_with_a_job_left_out_against_fifo_without
     assert out["t/fifo-without-c/1"]["worst_excess_s"] == 40.0
     assert out["t/default-without-c/1"]["waited_longer_than_fifo_plus_estimate"] == 1
     assert out["t/default-without-c/1"]["worst_excess_s"] == 20.0
+
+
+def _overloaded_pair(hours: int) -> list[dict[str, str]]:
+    """Job rows of `fifo` and `default` on 4 GPUs, where every 100 s queue a sends four 100 s jobs and queue b two
+    (both guaranteed 2 GPUs) for `hours`: load 1.5, and a asks twice its fair share."""
+    nodes = [make_node("n1", gpus=2), make_node("n2", gpus=2)]
+    tree = QueueTree([QueueSpec("a", guaranteed=gpu_units(2)), QueueSpec("b", guaranteed=gpu_units(2))])
+    arrivals = [JobArrival(100.0 * k, make_job(f"{q}{k:03d}-{m}", make_shape(1000), queue=q, submitted_at=100.0 * k,
+                                               runtime_estimate_s=100.0), 100.0)
+                for k in range(36 * hours) for q, n in (("a", 4), ("b", 2)) for m in range(n)]
+    rows = []
+    for profile in ("fifo", "default"):
+        run = Replay(nodes, arrivals, scheduling_profile(profile, "bestfit"), seed=1, queues=tree).run()
+        rows += job_rows("pair", profile, 1, run)
+    return rows
+
+
+def test_fair_share_makes_an_over_share_queue_later_than_fifo_by_more_than_any_estimate():
+    """Why no fair-share order can keep every job within its estimate of `fifo` (README, issue 4): under overload
+    `fifo` serves a queue by its arrivals, fair share by its share, so an over-share queue falls behind its `fifo`
+    self by an amount that grows with the overload, not with any job's estimate."""
+    worst = {}
+    for hours in (1, 3):
+        rows = _overloaded_pair(hours)
+        mean = {(r["policy"], r["queue"]): 0.0 for r in rows}
+        for r in rows:
+            mean[(r["policy"], r["queue"])] += float(r["wait_s"]) / (36 * hours * (4 if r["queue"] == "a" else 2))
+        assert mean[("default", "b")] < mean[("fifo", "b")] and mean[("default", "a")] > mean[("fifo", "a")]
+        late = wait_regressions(rows)["pair/default/1"]
+        assert late["waited_longer_than_fifo_plus_estimate"] > 36 * hours  # most of a's jobs
+        worst[hours] = late["worst_excess_s"]
+    assert worst[1] > 5 * 100 and worst[3] >= 3 * worst[1]  # 800 s and 2,600 s: 900 s more per hour of overload
 
 
 def _tiny_tenant_replay(tmp_path):
