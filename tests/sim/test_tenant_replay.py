@@ -126,15 +126,19 @@ def test_profile_without_queues_is_refused(tmp_path):
 def test_wait_regressions_count_jobs_later_than_fifo_by_more_than_their_estimate():
     from gpupool.sim.replay_report import wait_regressions
 
-    def row(policy, job, wait, estimate="100"):
-        return {"trace": "t", "policy": policy, "seed": "1", "job": job, "wait_s": wait, "estimate_s": estimate}
+    def row(policy, job, wait, estimate="100", queue="q1"):
+        return {"trace": "t", "policy": policy, "seed": "1", "job": job, "wait_s": wait, "estimate_s": estimate,
+                "queue": queue}
 
     rows = [row("fifo", "a", "10"), row("fifo", "b", "10"), row("fifo", "c", "10"), row("fifo", "d", ""),
+            row("fifo", "e", "0", queue="q2"),
             row("default", "a", "110"),  # exactly fifo + estimate: allowed
             row("default", "b", "150"),  # 40 s beyond
             row("default", "c", ""),  # started under fifo only
-            row("default", "d", "5000")]  # never started under fifo: not comparable
-    assert wait_regressions(rows) == {"t/default/1": {"jobs": 4, "waited_longer_than_fifo_plus_estimate": 1,
+            row("default", "d", "5000"),  # never started under fifo: not comparable
+            row("default", "e", "130", queue="q2")]  # 30 s beyond
+    assert wait_regressions(rows) == {"t/default/1": {"jobs": 5, "waited_longer_than_fifo_plus_estimate": 2,
+                                                      "late_by_queue": {"q1": 1, "q2": 1},
                                                       "started_under_fifo_only": 1, "worst_excess_s": 40.0}}
 
 
@@ -142,7 +146,8 @@ def test_wait_regressions_compare_a_run_with_a_job_left_out_against_fifo_without
     from gpupool.sim.replay_report import wait_regressions
 
     def row(policy, job, wait):
-        return {"trace": "t", "policy": policy, "seed": "1", "job": job, "wait_s": wait, "estimate_s": "10"}
+        return {"trace": "t", "policy": policy, "seed": "1", "job": job, "wait_s": wait, "estimate_s": "10",
+                "queue": "q"}
 
     rows = [row("fifo", "a", "0"), row("fifo", "b", "0"),
             row("fifo-without-c", "a", "50"), row("fifo-without-c", "b", "0"),  # a: 40 s beyond fifo
@@ -181,7 +186,7 @@ def test_fair_share_makes_an_over_share_queue_later_than_fifo_by_more_than_any_e
             mean[(r["policy"], r["queue"])] += float(r["wait_s"]) / (36 * hours * (4 if r["queue"] == "a" else 2))
         assert mean[("default", "b")] < mean[("fifo", "b")] and mean[("default", "a")] > mean[("fifo", "a")]
         late = wait_regressions(rows)["pair/default/1"]
-        assert late["waited_longer_than_fifo_plus_estimate"] > 36 * hours  # most of a's jobs
+        assert late["late_by_queue"].get("b", 0) == 0 and late["late_by_queue"]["a"] > 2 * 36 * hours  # most of a's
         worst[hours] = late["worst_excess_s"]
     assert worst[1] > 5 * 100 and worst[3] >= 3 * worst[1]  # 800 s and 2,600 s: 900 s more per hour of overload
 

@@ -137,8 +137,8 @@ WITHOUT = "-without-"
 
 def wait_regressions(rows: Sequence[dict[str, str]], baseline: str = "fifo") -> dict[str, dict[str, object]]:
     """Per (trace, policy, seed) run other than `baseline`: how many jobs waited longer than under `baseline`
-    (same trace and seed) by more than their own runtime estimate, and the worst such excess in seconds.
-    A job that started under the baseline but never under the other run counts as one.
+    (same trace and seed) by more than their own runtime estimate, how many of them per queue, and the worst such
+    excess in seconds. A job that started under the baseline but never under the other run counts as one.
 
     A run with a job left out (`policy-without-JOB`) is compared with `baseline-without-JOB`, and
     `baseline-without-JOB` with `baseline`: how far one job's absence moves the baseline itself."""
@@ -152,7 +152,8 @@ def wait_regressions(rows: Sequence[dict[str, str]], baseline: str = "fifo") -> 
         base = runs.get((trace, reference, seed))
         if policy == baseline or base is None:
             continue
-        late, never, worst = 0, 0, 0.0
+        late: dict[str, int] = {}
+        never, worst = 0, 0.0
         for job_id, row in jobs.items():
             ref = base.get(job_id)
             if ref is None or not ref["wait_s"]:
@@ -162,8 +163,10 @@ def wait_regressions(rows: Sequence[dict[str, str]], baseline: str = "fifo") -> 
                 continue
             excess = float(row["wait_s"]) - float(ref["wait_s"]) - float(row["estimate_s"] or 0)
             if excess > 0:
-                late += 1
+                late[row["queue"]] = late.get(row["queue"], 0) + 1
                 worst = max(worst, excess)
-        out[f"{trace}/{policy}/{seed}"] = {"jobs": len(jobs), "waited_longer_than_fifo_plus_estimate": late,
+        out[f"{trace}/{policy}/{seed}"] = {"jobs": len(jobs),
+                                           "waited_longer_than_fifo_plus_estimate": sum(late.values()),
+                                           "late_by_queue": dict(sorted(late.items())),
                                            "started_under_fifo_only": never, "worst_excess_s": round(worst, 1)}
     return out
