@@ -9,7 +9,9 @@ header `Authorization: Bearer <credential>`; on every (re)connect it:
 2. re-sends every unacknowledged task status and log chunk, renumbered (see `Outbox`);
 3. sends a `Heartbeat` with GPU telemetry and idle GPUs every `heartbeat_s` (±20 % jitter);
 4. handles `Launch` (checked by `check_order`: signed by the pinned control-plane key, for this node, fresh;
-   idempotent), `Stop` (SIGTERM, grace, SIGKILL; signed too), `Ack` and `Rejected` (a frame the control plane
+   idempotent; one that breaks the protocol's rules, such as a NUL in its command, or that the runtime cannot start
+   is answered "failed" and the connection stays up: `Workloads`), `Stop` (SIGTERM, grace, SIGKILL; signed too),
+   `Ack` and `Rejected` (a frame the control plane
    refused to apply: dropped, like an acked one, and logged), and `Certificate` (a renewed client certificate);
 5. past 2/3 of its certificate's lifetime, sends `Renew` with a CSR for a fresh key (gpupool.agent.tls.Renewal).
 
@@ -35,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -43,8 +45,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpupool.agent.clock import Clock, MonotonicClock, ServerClock, WallClock
 from gpupool.agent.devices.base import DeviceDiscovery
+from gpupool.agent.failpoints import Failpoints
 from gpupool.agent.idle import DEFAULT_IDLE_THRESHOLD_PCT, DEFAULT_IDLE_WINDOW_S, IdleDetector
-from gpupool.agent.orders import EpochRecord
+from gpupool.agent.orders import EpochRecord, invalid_fields
 from gpupool.agent.outbox import Outbox
 from gpupool.agent.runtime.base import RunHandle, WorkloadRuntime
 from gpupool.agent.timing import (
@@ -277,7 +280,8 @@ class Channel:
     `clock` (monotonic) drives fencing, `wall_clock` order expiry (corrected to the control plane's clock at every
     handshake: `server_clock`), `rng` backoff and heartbeat jitter; `connect` replaces the WebSocket connector and
     `locate` says where to connect (default: `config.url`). `renewal` keeps the node certificate fresh (mTLS).
-    `adopted` are the handles `runtime.adopt()` found at start.
+    `adopted` are the handles `runtime.adopt()` found at start. Failpoints are armed from the environment
+    (gpupool.agent.failpoints; ValueError for a malformed one).
     """
 
     def __init__(
@@ -313,6 +317,7 @@ class Channel:
             gpu_uuids=node_gpu_uuids(discovery.list_devices()),
             node_id=config.node_id,
             verifier=OrderVerifier(config.order_key),
+            failpoints=Failpoints.from_env(),
         )
         self.workloads.adopt(adopted)
         self.fence_timer = FenceTimer(config.fence_s, self._clock)
@@ -340,8 +345,12 @@ class Channel:
         """Apply one frame from the control plane (any valid frame also counts as word from it for fencing)."""
         try:
             frame = SERVER_FRAMES.validate_json(raw)
-        except ValidationError:
+        except ValidationError as exc:
             # never the frame itself nor pydantic's message (it quotes input): a launch order carries secret env values
+            launch = _launch_fields(raw)
+            if launch is not None:
+                self.workloads.on_invalid_launch(launch, invalid_fields(exc))
+                return
             log.warning("ignoring a malformed frame from the control plane: type %s, %d bytes", _frame_type(raw),
                         len(raw))
             return
@@ -488,6 +497,15 @@ def _frame_type(raw: str | bytes) -> str:
     except (ValueError, AttributeError, RecursionError):
         return "?"
     return kind if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 32 else "?"
+
+
+def _launch_fields(raw: str | bytes) -> dict[str, Any] | None:
+    """The JSON object of a frame whose `type` is "launch" (however broken its fields), or None."""
+    try:
+        frame = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return frame if isinstance(frame, dict) and frame.get("type") == "launch" else None
 
 
 def node_gpu_uuids(gpus: Sequence[GpuInfo]) -> set[str]:

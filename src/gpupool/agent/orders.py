@@ -3,20 +3,25 @@ devices.
 
 `check_order` and `authenticate` are pure: the caller passes the wall-clock time, the highest epoch seen, what this
 node already runs or ran, its node id and the verifier of the control-plane key it pinned. `EpochRecord` keeps the
-highest epoch in a file so a restarted agent still refuses stale orders.
+highest epoch in a file so a restarted agent still refuses stale orders. A launch order that breaks the protocol's
+rules (`Launch`, e.g. a NUL in its command) is still read far enough to answer it: `order_key` reads its
+(allocation, attempt), `unchecked_launch` gives it as received for `authenticate`, and `invalid_fields` says what
+is wrong with it without quoting any value (its env may hold secrets).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import TypeAdapter, ValidationError
 
 from gpupool.agent.runtime.base import WorkloadKey
-from gpupool.protocol.agent import Launch, Stop
+from gpupool.protocol.agent import AllocationId, Attempt, GpuGrant, Launch, Stop
 from gpupool.protocol.signing import OrderVerifier
 
 log = logging.getLogger(__name__)
@@ -84,6 +89,49 @@ def check_order(
         if unknown:
             return OrderCheck("refuse", f"unknown GPU(s) on this node: {', '.join(unknown)}")
     return OrderCheck("launch")
+
+
+_KEY: TypeAdapter[tuple[AllocationId, Attempt]] = TypeAdapter(tuple[AllocationId, Attempt])
+
+
+def order_key(frame: Mapping[str, Any]) -> WorkloadKey | None:
+    """The (allocation, attempt) of a launch frame when a task status may name them (protocol bounds), else None."""
+    try:
+        allocation, attempt = _KEY.validate_python((frame.get("allocation_id"), frame.get("attempt")), strict=True)
+    except ValidationError:
+        return None
+    return allocation, attempt
+
+
+def unchecked_launch(frame: Mapping[str, Any]) -> Launch | None:
+    """A launch frame that failed validation, as a Launch holding its fields as received, for `authenticate` (the
+    signature covers them as sent); None when its fields, or a GPU grant's, are not exactly those of the protocol's
+    order, which the control plane never sends (so a relay that adds a field cannot pass one off as signed)."""
+    gpus = frame.get("gpus")
+    if set(frame) != set(Launch.model_fields) or not isinstance(gpus, list):
+        return None
+    if not all(isinstance(g, dict) and set(g) == set(GpuGrant.model_fields) for g in gpus):
+        return None
+    return Launch.model_construct(**{**frame, "gpus": [GpuGrant.model_construct(**g) for g in gpus]})
+
+
+def invalid_fields(error: ValidationError) -> str:
+    """What is wrong with a frame, field by field ("command[2]: must not contain a NUL character"; a variable name
+    "env[name A-B]: ..."), without the values pydantic would quote; names are escaped to printable ASCII."""
+    return "; ".join(f"{_loc(e['loc'][1:])}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in error.errors(include_input=False, include_url=False))
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    segments: list[str] = []
+    for part in parts:
+        if isinstance(part, int):
+            segments.append(f"[{part}]")
+        elif part == "[key]" and segments:  # the error is about the name before it, not its value
+            segments[-1] = f"[name {segments[-1].lstrip('.')}]"
+        else:
+            segments.append(("." if segments else "") + ascii(part)[1:-1])
+    return "".join(segments) or "frame"
 
 
 class EpochRecord:

@@ -10,7 +10,11 @@ Task status rules (what the control plane is told):
   final: the same (allocation, attempt) ordered again is answered "refused" again, never started (the control plane
   released it on the first answer). A stop order that is not signed for this node is ignored and only logged:
   answering it would report on a workload that may be running;
-* "failed" when the runtime cannot start it, or when it ended without a recorded exit code;
+* "failed" when the runtime cannot start it (whatever it raises: a LaunchError, the OSError or ValueError of exec,
+  the failpoint `agent.launch`), for a signed order that breaks the protocol's rules (`on_invalid_launch`), and when
+  it ended without a recorded exit code; the reason goes into the message. Like a refusal it is final: the same
+  (allocation, attempt) ordered again (an order re-sent after a reconnect) is answered "failed" again at once,
+  never launched again, and the channel stays up;
 * "fenced" when it was stopped by self-fencing (the mark survives an agent restart);
 * "exited" with the exit code otherwise (a stop order's reason goes into the message).
 A workload's record is dropped (and `runtime.forget` called) once its final status is acked and its whole log has
@@ -21,13 +25,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gpupool.agent.clock import Clock
+from gpupool.agent.failpoints import Failpoints
 from gpupool.agent.logtail import LogTailer
-from gpupool.agent.orders import EpochRecord, authenticate, check_order
+from gpupool.agent.orders import EpochRecord, authenticate, check_order, order_key, unchecked_launch
 from gpupool.agent.outbox import Outbox, OutFrame
 from gpupool.agent.runtime.base import LaunchError, LaunchSpec, RunHandle, WorkloadKey, WorkloadRuntime
 from gpupool.protocol.agent import Launch, LogChunk, RunningReport, Stop, TaskStatus
@@ -40,6 +45,7 @@ FINISHED_MEMORY = 1024
 LOG_WINDOW_CHARS = 256 * 1024
 LOG_TICK_BYTES = 128 * 1024
 LOG_ACKED_FILE = "log.acked"
+MAX_MESSAGE = 2000  # TaskStatus.message
 StatusState = Literal["started", "exited", "failed", "fenced", "refused"]
 
 
@@ -63,7 +69,7 @@ class Workload:
 class Workloads:
     """See the module docstring. `gpu_uuids` (GPU and MIG UUIDs of this node) makes orders for other GPUs refused;
     `node_id` and `verifier` (the pinned control-plane key) make orders for other nodes and unsigned, forged or
-    tampered orders refused (see `orders.check_order`)."""
+    tampered orders refused (see `orders.check_order`). `failpoints` may make launches fail (tests)."""
 
     def __init__(
         self,
@@ -76,6 +82,7 @@ class Workloads:
         node_id: str | None = None,
         verifier: OrderVerifier | None = None,
         log_window_chars: int = LOG_WINDOW_CHARS,
+        failpoints: Failpoints | None = None,
     ) -> None:
         self._runtime = runtime
         self._outbox = outbox
@@ -85,6 +92,7 @@ class Workloads:
         self._node_id = node_id
         self._verifier = verifier
         self._log_window = log_window_chars
+        self._failpoints = failpoints if failpoints is not None else Failpoints()
         self._items: dict[WorkloadKey, Workload] = {}
         self._finished: OrderedDict[WorkloadKey, TaskStatus] = OrderedDict()
         self._refused: OrderedDict[WorkloadKey, TaskStatus] = OrderedDict()  # apart: forged orders cannot evict
@@ -145,15 +153,31 @@ class Workloads:
             verifier=self._verifier,
         )
         if verdict.action == "refuse":
-            log.warning("refusing launch of %s: %s", key, verdict.reason)
-            status = self._status(key, "refused", message=verdict.reason)
-            _remember(self._refused, key, status)
-            self._put(status)
+            self._refuse(key, verdict.reason)
         elif verdict.action == "duplicate":
             self._repeat(key)
         else:
-            self._epochs.observe(order.epoch)
-            self._launch(LaunchSpec.from_launch(order))
+            self._launch(order)
+
+    def on_invalid_launch(self, frame: Mapping[str, Any], problem: str) -> None:
+        """A launch order that breaks the protocol's rules (`Launch`: a NUL in its command, say), with `problem` naming
+        the fields. It is never launched. A known (allocation, attempt) repeats its status; an authentic order (signed
+        by the pinned key, for this node) is answered "failed" with the problem, since it would fail on any node; any
+        other is refused as `check_order` refuses a forged one. An order whose key cannot be read is only logged."""
+        key = order_key(frame)
+        if key is None:
+            log.warning("ignoring a launch order whose allocation and attempt cannot be read: %s", problem)
+            return
+        if key in self._items or key in self._finished or key in self._refused:
+            self._repeat(key)
+            return
+        order = unchecked_launch(frame)
+        forged = "not a launch order's fields" if order is None else authenticate(
+            order, node_id=self._node_id, verifier=self._verifier)
+        if forged is not None:
+            self._refuse(key, forged)
+        else:
+            self._fail(key, f"invalid launch order: {problem}")
 
     def on_stop(self, order: Stop) -> RunHandle | None:
         """Mark the workload as stopping and return its handle for `runtime.stop`; None when nothing is to stop."""
@@ -210,17 +234,32 @@ class Workloads:
                 if end is not None:
                     _write_acked_offset(workload.handle, end)
 
-    def _launch(self, spec: LaunchSpec) -> None:
+    def _launch(self, order: Launch) -> None:
+        """Start a checked order; if anything stops it, answer "failed" with why (see the module docstring)."""
+        spec = LaunchSpec.from_launch(order)
+        log.info("launching %s", spec.key)
         try:
+            self._epochs.observe(order.epoch)
+            self._failpoints.hit("agent.launch")
             handle = self._runtime.launch(spec)
-        except LaunchError as exc:
-            log.warning("launch of %s failed: %s", spec.key, exc)
-            status = self._status(spec.key, "failed", message=str(exc)[:2000])
-            self._remember(spec.key, status)
-            self._put(status)
+        except Exception as exc:  # whatever the runtime raises is this order's failure, never the channel's
+            reason = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+            self._fail(spec.key, f"cannot launch: {reason}")
             return
         self._items[spec.key] = Workload(handle=handle, tail=LogTailer(handle.log_path))
         self._put(self._status(spec.key, "started"))
+
+    def _refuse(self, key: WorkloadKey, reason: str) -> None:
+        log.warning("refusing launch of %s: %s", key, reason)
+        status = self._status(key, "refused", message=reason[:MAX_MESSAGE])
+        _remember(self._refused, key, status)
+        self._put(status)
+
+    def _fail(self, key: WorkloadKey, reason: str) -> None:
+        log.warning("launch of %s failed: %s", key, reason)
+        status = self._status(key, "failed", message=reason[:MAX_MESSAGE])
+        self._remember(key, status)
+        self._put(status)
 
     def _repeat(self, key: WorkloadKey, unknown: StatusState | None = None) -> None:
         """Re-send the latest status of `key`; for an unknown key, `unknown` (if given) with an explanation."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -53,6 +54,8 @@ def budget_create(scope: str = typer.Option(..., help="project or queue"), name:
                   period: str = typer.Option("month", help="day, week or month"),
                   gpu_hours: float | None = typer.Option(None), cents: int | None = typer.Option(None),
                   hard: bool = typer.Option(False, help="stop admitting new jobs once spent")) -> None:
+    if gpu_hours is not None and not math.isfinite(gpu_hours):  # JSON has no infinity; the API bounds the rest
+        raise typer.BadParameter("must be a finite number of GPU-hours", param_hint="--gpu-hours")
     try:
         show(Client().post("/budgets", {"scope": scope, "name": name, "period": period, "gpu_hours": gpu_hours,
                                         "cents": cents, "hard": hard}), True)

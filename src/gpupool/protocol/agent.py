@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from gpupool.protocol import launch
 from gpupool.protocol.devices import MAX_COUNT, GpuInfo, GpuTelemetry, Uuid
 
 PROTOCOL_VERSION = 1
@@ -39,6 +40,7 @@ Attempt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 ExitCode = Annotated[int, Field(ge=0, le=255)]
 Protocol = Annotated[int, Field(ge=1, le=1000)]
 MAX_WORKLOADS = 4096
+MAX_LAUNCH_ENV = 256  # a job's env (128) and secret_env (64), and what the control plane adds
 
 
 class _Frame(BaseModel):
@@ -142,15 +144,20 @@ class GpuGrant(_Frame):
 
 
 class Launch(_Frame):
+    """An order to start one attempt of one task. Its strings follow gpupool.protocol.launch as the API's do (a NUL,
+    a lone surrogate, an overlong value, a bad variable name or a relative workdir is a ValidationError), so an agent
+    refuses such an order instead of crashing on it; names gpupool reserves are allowed here, since the control plane
+    sets `GPUPOOL_TASK_INDEX` itself. The frame's own bound (MAX_FRAME_BYTES) bounds them together."""
+
     type: Literal["launch"] = "launch"
-    allocation_id: str
-    attempt: int = Field(ge=0)
-    job_id: str
+    allocation_id: AllocationId  # bounded as a task status names it: every order can be answered
+    attempt: Attempt
+    job_id: str = Field(max_length=64)
     task_index: int = Field(ge=0)
-    command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-    image: str | None = None
+    command: list[launch.Arg] = Field(min_length=1, max_length=launch.MAX_ARGS)
+    env: dict[launch.EnvName, launch.EnvValue] = Field(default_factory=dict, max_length=MAX_LAUNCH_ENV)
+    workdir: launch.Workdir | None = None
+    image: Annotated[str, Field(max_length=512), AfterValidator(launch.process_text)] | None = None
     gpus: list[GpuGrant] = Field(default_factory=list)
     epoch: int = Field(ge=0)
     expires_at: float

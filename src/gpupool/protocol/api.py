@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpupool.protocol import launch
+
 API_VERSION = "v1"
 ROLES = ("viewer", "member", "project-admin", "tenant-admin", "operator")
 Role = Literal["viewer", "member", "project-admin", "tenant-admin", "operator"]
@@ -259,24 +261,29 @@ def _host_problem(host: str) -> str | None:
 
 
 MAX_SECRET_CHARS = 16_384
-MAX_ENV_BYTES = 256 * 1024  # env and secret_env together: well inside one launch frame (1 MiB) and exec's limits
 
 
-def _env_name(key: str) -> None:
-    if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
-        raise ValueError(f"{key!r} is not a valid environment variable name")
+def _secret_value(secret: str) -> str:
+    """A secret variable's value: what a process may be given (protocol.launch), at most MAX_SECRET_CHARS."""
+    if len(secret) > MAX_SECRET_CHARS:
+        raise ValueError(f"must be at most {MAX_SECRET_CHARS} characters")
+    return launch.process_text(secret)
 
 
 class JobCreate(_Request):
-    command: list[str] = Field(min_length=1, max_length=256)
+    """A job. Every string that reaches its processes (command, env, secret_env, workdir, image) follows
+    gpupool.protocol.launch; a bad one answers 422 naming it (`command[2]` is loc ["body", "command", 2], a bad
+    variable name ["body", "env", NAME, "[key]"], its value ["body", "env", NAME]); secret values are never quoted."""
+
+    command: list[launch.Arg] = Field(min_length=1, max_length=launch.MAX_ARGS)
     name: str = Field(default="", max_length=128)
     project: str | None = None
     queue: str | None = None
     image: str | None = Field(default=None, max_length=512, description=(
         "an OCI image reference; its registry must not be a private, loopback or link-local address unless the "
         "operator allows it (GPUPOOL_REGISTRY_ALLOW)"))
-    env: dict[str, str] = Field(default_factory=dict, max_length=128)
-    workdir: str | None = Field(default=None, max_length=1024)
+    env: dict[launch.JobEnvName, launch.EnvValue] = Field(default_factory=dict, max_length=128)
+    workdir: launch.Workdir | None = Field(default=None, max_length=launch.MAX_WORKDIR)
     tasks: int = Field(default=1, ge=1, le=256, description="gang size")
     min_tasks: int | None = Field(default=None, ge=1, le=256)
     gpus: str = Field(default="1", description="GPUs per task: a 10 % step below one, or a whole number")
@@ -288,7 +295,7 @@ class JobCreate(_Request):
     preemptible: bool = True
     runtime_limit_s: int | None = Field(default=None, ge=1, le=366 * 86400)
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=32)
-    secret_env: dict[str, str] = Field(
+    secret_env: dict[launch.JobEnvName, Annotated[str, AfterValidator(_secret_value)]] = Field(
         default_factory=dict, max_length=64,
         description="environment variables stored encrypted and given only to the job's tasks; never shown again")
 
@@ -316,33 +323,13 @@ class JobCreate(_Request):
             raise ValueError("must be between 0 and 4096 in steps of 0.001")
         return value
 
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            _env_name(key)
-        return value
-
-    @field_validator("secret_env")
-    @classmethod
-    def _secret_env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, secret in value.items():  # the messages name the variable, never its value
-            _env_name(key)
-            if len(secret) > MAX_SECRET_CHARS or "\x00" in secret:
-                raise ValueError(f"the value of {key} must be at most {MAX_SECRET_CHARS} characters, without NUL")
-        return value
-
     @model_validator(mode="after")
-    def _env_fits_a_launch_order(self) -> JobCreate:
+    def _fits_a_launch_order(self) -> JobCreate:
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
             raise ValueError(f"secret_env: {', '.join(both)} also in env; set each variable in one of them")
-        size = sum(len(k.encode(errors="surrogatepass")) + len(v.encode(errors="surrogatepass")) + 2
-                   for variables in (self.env, self.secret_env) for k, v in variables.items())
-        if size > MAX_ENV_BYTES:
-            raise ValueError(f"env, secret_env: {size} bytes together, more than {MAX_ENV_BYTES}")
+        launch.fits_a_frame([*self.command, self.workdir or "", self.image or ""], self.env, self.secret_env)
         return self
-
 
 
 class PendingReasonOut(_Response):
@@ -447,13 +434,52 @@ class PriceSet(_Request):
     cents_per_gpu_hour: int = Field(ge=0, le=10_000_000)
 
 
+MAX_BUDGET_GPU_HOURS = 1e9  # in one period: beyond any cluster
+MAX_BUDGET_CENTS = (1 << 31) - 1  # the database's integer column
+
+
 class BudgetCreate(_Request):
+    """A budget of GPU-hours or cents per period: a finite amount above 0 and within the bounds above (JSON's `1e999`
+    arrives as infinity, which would be a budget never used up)."""
+
     scope: Literal["project", "queue"]
     name: str = Field(pattern=NAME)
     period: Literal["day", "week", "month"] = "month"
-    gpu_hours: float | None = Field(default=None, gt=0)
-    cents: int | None = Field(default=None, gt=0)
+    gpu_hours: float | None = Field(default=None, gt=0, le=MAX_BUDGET_GPU_HOURS, allow_inf_nan=False)
+    cents: int | None = Field(default=None, gt=0, le=MAX_BUDGET_CENTS)
     hard: bool = False
+
+
+# Months and dates of usage reports: years a ledger can hold, whose neighbours datetime can still reach ----------
+
+FIRST_YEAR, LAST_YEAR = 2000, 2199
+
+
+def _year(year: int) -> None:
+    if not FIRST_YEAR <= year <= LAST_YEAR:
+        raise ValueError(f"the year must be from {FIRST_YEAR} to {LAST_YEAR}")
+
+
+def _month(value: str) -> str:
+    """A month "YYYY-MM" with a year from FIRST_YEAR to LAST_YEAR."""
+    if not re.fullmatch(r"\d{4}-\d{2}", value, re.ASCII) or not 1 <= int(value[5:]) <= 12:
+        raise ValueError("use YYYY-MM, e.g. 2026-11")
+    _year(int(value[:4]))
+    return value
+
+
+def _moment(value: str) -> str:
+    """An ISO date or date and time ("2026-11-01", "2026-11-01T12:00") with a year from FIRST_YEAR to LAST_YEAR."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("use an ISO date like 2026-11-01 or 2026-11-01T12:00") from None
+    _year(moment.year)
+    return value
+
+
+Month = Annotated[str, AfterValidator(_month)]
+Moment = Annotated[str, AfterValidator(_moment)]
 
 
 class BudgetOut(_Response):

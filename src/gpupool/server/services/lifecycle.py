@@ -83,7 +83,8 @@ class Lifecycle:
         if status.state in ("fenced", "refused") or allocation.release_reason == "preempted":
             self._requeue(session, job, f"task {allocation.task_index}: {status.state} {status.message}".strip())
         elif status.state == "failed" or (status.exit_code or 0) != 0:
-            self._finish(session, job, "failed", status.exit_code)
+            why = f"task {allocation.task_index}: {status.message}" if status.message else ""
+            self._finish(session, job, "failed", status.exit_code, why)
         elif not self._open(session, job.id, job.attempt):
             self._finish(session, job, "succeeded", 0)
         return True
@@ -93,9 +94,13 @@ class Lifecycle:
             Allocation.job_id == job_id, Allocation.attempt == attempt,
             Allocation.state.in_(OPEN_ALLOCATION_STATES))))
 
-    def _finish(self, session: Session, job: Job, state: str, exit_code: int | None) -> None:
+    def _finish(self, session: Session, job: Job, state: str, exit_code: int | None, why: str = "") -> None:
+        """End the job in `state`; `why` (an agent's reason, e.g. a launch that failed) goes into its event and its
+        reason, where `job show` shows it."""
         job.state, job.exit_code, job.finished_at = state, exit_code, utcnow()
-        session.add(JobEvent(job_id=job.id, kind=state, message=f"exit code {exit_code}"))
+        if why:
+            job.reason = {"kind": "task_failed", "message": why, "details": []}
+        session.add(JobEvent(job_id=job.id, kind=state, message=f"exit code {exit_code}" + (f"; {why}" if why else "")))
         self._stop_all(session, job, state)
 
     def _requeue(self, session: Session, job: Job, why: str) -> None:
