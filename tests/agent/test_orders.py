@@ -185,12 +185,16 @@ def test_sealing_an_order_addressed_to_another_node_is_a_bug():
         SIGNER.seal(order().model_copy(update={"node_id": "node-2"}), NODE)
 
 
+PROCESS_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"))  # protocol.launch
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    command=st.lists(st.text(), min_size=1, max_size=4),
-    env=st.dictionaries(st.text(max_size=20), st.text(max_size=50), max_size=5),
+    command=st.lists(PROCESS_TEXT, min_size=1, max_size=4),
+    env=st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,19}", fullmatch=True), PROCESS_TEXT.map(
+        lambda text: text[:50]), max_size=5),
     expires_at=st.floats(allow_nan=False, allow_infinity=False),
-    image=st.none() | st.text(max_size=40),
+    image=st.none() | PROCESS_TEXT.map(lambda text: text[:40]),
 )
 def test_a_signature_survives_the_wire(command, env, expires_at, image):
     launch = SIGNER.seal(

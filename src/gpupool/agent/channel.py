@@ -47,7 +47,7 @@ from gpupool.agent.clock import Clock, MonotonicClock, ServerClock, WallClock
 from gpupool.agent.devices.base import DeviceDiscovery
 from gpupool.agent.failpoints import Failpoints
 from gpupool.agent.idle import DEFAULT_IDLE_THRESHOLD_PCT, DEFAULT_IDLE_WINDOW_S, IdleDetector
-from gpupool.agent.orders import EpochRecord, invalid_fields
+from gpupool.agent.orders import EpochRecord
 from gpupool.agent.outbox import Outbox
 from gpupool.agent.runtime.base import RunHandle, WorkloadRuntime
 from gpupool.agent.timing import (
@@ -345,11 +345,11 @@ class Channel:
         """Apply one frame from the control plane (any valid frame also counts as word from it for fencing)."""
         try:
             frame = SERVER_FRAMES.validate_json(raw)
-        except ValidationError as exc:
+        except ValidationError:
             # never the frame itself nor pydantic's message (it quotes input): a launch order carries secret env values
             launch = _launch_fields(raw)
-            if launch is not None:
-                self.workloads.on_invalid_launch(launch, invalid_fields(exc))
+            if launch is not None:  # answered, never dropped: the control plane would hold its GPUs
+                self.workloads.on_invalid_launch(launch)
                 return
             log.warning("ignoring a malformed frame from the control plane: type %s, %d bytes", _frame_type(raw),
                         len(raw))

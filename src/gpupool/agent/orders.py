@@ -5,7 +5,7 @@ devices.
 node already runs or ran, its node id and the verifier of the control-plane key it pinned. `EpochRecord` keeps the
 highest epoch in a file so a restarted agent still refuses stale orders. A launch order that breaks the protocol's
 rules (`Launch`, e.g. a NUL in its command) is still read far enough to answer it: `order_key` reads its
-(allocation, attempt), `unchecked_launch` gives it as received for `authenticate`, and `invalid_fields` says what
+(allocation, attempt), `unchecked_launch` gives it as received for `authenticate`, and `launch_problem` says what
 is wrong with it without quoting any value (its env may hold secrets).
 """
 
@@ -115,11 +115,16 @@ def unchecked_launch(frame: Mapping[str, Any]) -> Launch | None:
     return Launch.model_construct(**{**frame, "gpus": [GpuGrant.model_construct(**g) for g in gpus]})
 
 
-def invalid_fields(error: ValidationError) -> str:
-    """What is wrong with a frame, field by field ("command[2]: must not contain a NUL character"; a variable name
-    "env[name A-B]: ..."), without the values pydantic would quote; names are escaped to printable ASCII."""
-    return "; ".join(f"{_loc(e['loc'][1:])}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in error.errors(include_input=False, include_url=False))
+def launch_problem(frame: Mapping[str, Any]) -> str:
+    """What makes `frame` not a valid launch order, field by field ("command[2]: must not contain a NUL character";
+    a variable name: "env[name A-B]: ..."), without the values pydantic would quote; names are escaped to printable
+    ASCII. "" for a valid order."""
+    try:
+        Launch.model_validate(frame)
+    except ValidationError as exc:
+        return "; ".join(f"{_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors(include_input=False, include_url=False))
+    return ""
 
 
 def _loc(parts: tuple[int | str, ...]) -> str:

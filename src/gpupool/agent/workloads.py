@@ -32,7 +32,14 @@ from typing import Any, Literal
 from gpupool.agent.clock import Clock
 from gpupool.agent.failpoints import Failpoints
 from gpupool.agent.logtail import LogTailer
-from gpupool.agent.orders import EpochRecord, authenticate, check_order, order_key, unchecked_launch
+from gpupool.agent.orders import (
+    EpochRecord,
+    authenticate,
+    check_order,
+    launch_problem,
+    order_key,
+    unchecked_launch,
+)
 from gpupool.agent.outbox import Outbox, OutFrame
 from gpupool.agent.runtime.base import LaunchError, LaunchSpec, RunHandle, WorkloadKey, WorkloadRuntime
 from gpupool.protocol.agent import Launch, LogChunk, RunningReport, Stop, TaskStatus
@@ -159,12 +166,13 @@ class Workloads:
         else:
             self._launch(order)
 
-    def on_invalid_launch(self, frame: Mapping[str, Any], problem: str) -> None:
-        """A launch order that breaks the protocol's rules (`Launch`: a NUL in its command, say), with `problem` naming
-        the fields. It is never launched. A known (allocation, attempt) repeats its status; an authentic order (signed
-        by the pinned key, for this node) is answered "failed" with the problem, since it would fail on any node; any
-        other is refused as `check_order` refuses a forged one. An order whose key cannot be read is only logged."""
+    def on_invalid_launch(self, frame: Mapping[str, Any]) -> None:
+        """A launch frame that breaks the protocol's rules (`Launch`: a NUL in its command, say). It is never launched.
+        A known (allocation, attempt) repeats its status; an authentic order (signed by the pinned key, for this node)
+        is answered "failed" naming the fields (`orders.launch_problem`), since it would fail on any node; any other
+        is refused as `check_order` refuses a forged one. An order whose key cannot be read is only logged."""
         key = order_key(frame)
+        problem = launch_problem(frame)
         if key is None:
             log.warning("ignoring a launch order whose allocation and attempt cannot be read: %s", problem)
             return
