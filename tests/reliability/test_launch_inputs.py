@@ -5,6 +5,8 @@ Against a real control plane (SQLite) and a real agent process with fake GPUs on
   image) with a NUL, a lone surrogate, too long, or all of them together too long for a launch frame, and env names
   that are not names or that gpupool sets itself: 422 naming the field (`["body", "command", 2]`,
   `["body", "env", "FOO"]`, `["body", "env", "BAD-KEY", "[key]"]`), and never a secret value in the answer;
+- a job stored before these rules (a relative workdir, as the API once took) is still placed, and its node answers
+  the order "failed" naming the field: neither the scheduler nor the channel chokes on it;
 - an agent that cannot launch an order (the failpoint `agent.launch`, which raises the ValueError an embedded NUL
   raised) reports that attempt failed with the reason within 5 s, on the same connection (no drop, no reconnect),
   launches it once, and the job ends `failed` with the reason in `job show` and its events; its GPUs go to the next
@@ -16,12 +18,15 @@ Against a real control plane (SQLite) and a real agent process with fake GPUs on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +165,20 @@ def test_an_agent_that_cannot_launch_reports_failed_and_keeps_its_channel(cluste
     assert reported_s < 5
     assert drops == 0, agent.log()[-3000:]
     assert launches == 1, agent.log()[-3000:]
+
+
+def test_a_job_stored_before_the_rules_fails_naming_the_field(tmp_path: Path) -> None:
+    with Cluster(tmp_path / "legacy", env=dict(SCALED)) as cluster:
+        job_id = cluster.submit(command=["true"], gpus="1")  # no node yet: it waits
+        with contextlib.closing(sqlite3.connect(cluster.server.data_dir / "gpupool.db")) as db, db:  # type: ignore[union-attr]
+            db.execute("UPDATE jobs SET spec = json_set(spec, '$.workdir', 'data') WHERE id = ?", (job_id,))
+        cluster.start_agent("legacy")
+        job = cluster.wait_job(job_id, timeout_s=30)
+        assert job["state"] == "failed", job
+        assert "invalid launch order: workdir: must be an absolute path" in job["reason"]["message"]
+        follower = cluster.submit(command=["true"], gpus="2")  # the node and its channel carry on
+        assert cluster.wait_job(follower, timeout_s=30)["state"] == "succeeded"
+    assert cluster.violations == []
 
 
 def _cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:

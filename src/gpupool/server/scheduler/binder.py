@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from pydantic import ValidationError
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -185,10 +186,14 @@ class Binder:
         grants = [GpuGrant(uuid=entry.spec.gpus[i].uuid, index=i, milli=m, memory_mib=mem)
                   for i, m, mem in allocation.shares]
         env = {**spec.get("env", {}), **secret, "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
-        return Launch(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
+        fields = dict(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
                       task_index=allocation.task_index, command=spec["command"], env=env,
                       workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
                       expires_at=now + self.launch_ttl_s, node_id=allocation.node_id)
+        try:
+            return Launch(**fields)
+        except ValidationError:  # a job stored before the launch rules (protocol.launch): its node answers "failed"
+            return Launch.model_construct(**fields)
 
 
 def _row(allocation: Allocation, now: datetime) -> dict[str, Any]:
