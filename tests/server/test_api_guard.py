@@ -122,7 +122,8 @@ def test_a_custom_client_address_header(launch: Any) -> None:
                     GPUPOOL_CLIENT_IP_HEADER="X-Real-IP")
     proxy = _as(server, None)
     assert _guesses(proxy, 3, {"X-Real-IP": "198.51.100.1", "X-Forwarded-For": "198.51.100.2"}) == [401, 401, 429]
-    assert _guesses(proxy, 1, {"X-Real-IP": "198.51.100.3", "X-Forwarded-For": "198.51.100.1"}) == [401]
+    assert _guesses(proxy, 1, {"X-Real-IP": "198.51.100.1", "X-Forwarded-For": "198.51.100.9"}) == [429]
+    assert _guesses(proxy, 1, {"X-Real-IP": "198.51.100.3", "X-Forwarded-For": "198.51.100.2"}) == [401]
 
 
 # finding 10: one rate-limit bucket per token, whatever the scheme's case ------------------------------------------
