@@ -27,9 +27,11 @@ SQLITE_UPGRADE = [
     "CREATE TRIGGER audit_no_DELETE BEFORE DELETE ON audit WHEN OLD.at > datetime('now', '-" + PRUNABLE_AFTER + "') "
     "BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END",
 ]
+#: 0003's triggers again: the batch copy of the table that drops its column on SQLite does not keep them
 SQLITE_DOWNGRADE = [
-    "DROP TRIGGER IF EXISTS audit_no_DELETE",
-    "CREATE TRIGGER audit_no_DELETE BEFORE DELETE ON audit BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END",
+    statement for verb in ("UPDATE", "DELETE") for statement in (
+        f"DROP TRIGGER IF EXISTS audit_no_{verb}",
+        f"CREATE TRIGGER audit_no_{verb} BEFORE {verb} ON audit BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END")
 ]
 POSTGRES_UPGRADE = [
     "CREATE OR REPLACE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
@@ -57,8 +59,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    _run(SQLITE_DOWNGRADE, POSTGRES_DOWNGRADE)
     with op.batch_alter_table('tokens', schema=None) as batch_op:
         batch_op.drop_column('session_of')
     with op.batch_alter_table('audit', schema=None) as batch_op:
         batch_op.drop_column('client_request_id')
+    _run(SQLITE_DOWNGRADE, POSTGRES_DOWNGRADE)
