@@ -104,8 +104,7 @@ def _json_response(status: int, detail: str, *headers: tuple[bytes, bytes]) -> t
 
 
 async def _too_many(send: Send, detail: str, wait_s: float) -> None:
-    for message in _json_response(429, detail, (b"retry-after", str(max(1, math.ceil(wait_s))).encode())):
-        await send(message)
+    await _answer(send, 429, detail, (b"retry-after", str(max(1, math.ceil(wait_s))).encode()))
 
 
 # the client ---------------------------------------------------------------------------------------------------
@@ -145,46 +144,58 @@ class BodyLimit:
             return
         length = _header(scope, b"content-length")
         if length.isdigit() and int(length) > self.limit:
-            await self._answer(send, 413, f"body larger than {self.limit} bytes")
+            await _answer(send, 413, f"body larger than {self.limit} bytes")
             return
-        deadline = self.clock() + self.timeout_s
-        received, refused, started = 0, False, False
-
-        async def counted() -> Message:
-            nonlocal received, refused
-            if refused:
-                return {"type": "http.disconnect"}
-            with anyio.move_on_after(max(0.0, deadline - self.clock())):
-                message = await receive()
-                if message["type"] == "http.request":
-                    received += len(message.get("body", b""))
-                    if received > self.limit:
-                        refused = True
-                        await self._answer(send, 413, f"body larger than {self.limit} bytes")
-                        return {"type": "http.disconnect"}
-                return message
-            refused = True
-            if not started:
-                await self._answer(send, 408, f"request body not received within {self.timeout_s:g} s",
-                                   (b"connection", b"close"))
-            return {"type": "http.disconnect"}
-
-        async def unless_refused(message: Message) -> None:
-            nonlocal started
-            if not refused:
-                started = True
-                await send(message)
-
+        body = _Body(self, receive, send)
         try:
-            await self.app(scope, counted, unless_refused)
+            await self.app(scope, body.receive, body.send)
         except Exception:
-            if not refused:
+            if not body.refused:
                 raise
 
-    @staticmethod
-    async def _answer(send: Send, status: int, detail: str, *headers: tuple[bytes, bytes]) -> None:
-        for message in _json_response(status, detail, *headers):
-            await send(message)
+
+class _Body:
+    """One request's body as BodyLimit lets the app read it. States: reading (size and deadline checked) -> whole
+    (receive passes through: a wait for the client's disconnect has no deadline), or -> refused (the app reads a
+    disconnect, and what it sends is dropped: the 413 or 408 already went)."""
+
+    def __init__(self, limit: BodyLimit, receive: Receive, send: Send) -> None:
+        self.limit, self._receive, self._send = limit, receive, send
+        self.deadline = limit.clock() + limit.timeout_s
+        self.received, self.refused, self.started, self.whole = 0, False, False, False
+
+    async def receive(self) -> Message:
+        if self.refused:
+            return {"type": "http.disconnect"}
+        if self.whole:
+            return await self._receive()
+        with anyio.move_on_after(max(0.0, self.deadline - self.limit.clock())):
+            message = await self._receive()
+            if message["type"] == "http.request":
+                self.received += len(message.get("body", b""))
+                self.whole = not message.get("more_body", False)
+                if self.received > self.limit.limit:
+                    await self._refuse(413, f"body larger than {self.limit.limit} bytes")
+                    return {"type": "http.disconnect"}
+            return message
+        await self._refuse(408, f"request body not received within {self.limit.timeout_s:g} s",
+                           (b"connection", b"close"))
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        if not self.refused:
+            self.started = True
+            await self._send(message)
+
+    async def _refuse(self, status: int, detail: str, *headers: tuple[bytes, bytes]) -> None:
+        self.refused = True
+        if not self.started:  # else the app's answer is on its way: the connection's end tells the client
+            await _answer(self._send, status, detail, *headers)
+
+
+async def _answer(send: Send, status: int, detail: str, *headers: tuple[bytes, bytes]) -> None:
+    for message in _json_response(status, detail, *headers):
+        await send(message)
 
 
 # rate limits --------------------------------------------------------------------------------------------------

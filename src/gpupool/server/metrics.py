@@ -110,18 +110,23 @@ class Metrics:
 
     def observe_queues(self, pending: Mapping[str, int], fair_shares: Mapping[str, int]) -> None:
         """Per queue, after a cycle: pending jobs, fair share, and the GPUs its running tasks hold (allocated) and
-        use (each share weighted by its GPU's latest utilisation). A queue that had figures and has none now reads 0."""
+        use (each share weighted by its GPU's latest utilisation). A queue with none of these any more (deleted, or
+        idle with no share) leaves the series."""
         allocated, used = self._holdings()
-        queues = set(pending) | set(fair_shares) | set(allocated) | self._queues
+        queues = set(pending) | set(fair_shares) | set(allocated)
         for queue in queues:
             self.pending.labels(queue).set(pending.get(queue, 0))
             self.fair.labels(queue).set(fair_shares.get(queue, 0) / 1000)
             self.allocated.labels(queue).set(allocated.get(queue, 0.0))
             self.used.labels(queue).set(used.get(queue, 0.0))
-        self._queues = set(pending) | set(fair_shares) | set(allocated)
+        for gone in self._queues - queues:
+            for gauge in (self.pending, self.fair, self.allocated, self.used):
+                gauge.remove(gone)
+        self._queues = queues
 
     def _holdings(self) -> tuple[dict[str, float], dict[str, float]]:
-        utilisation = {t.uuid: t.utilization_pct / 100 for samples in self.telemetry().values() for t in samples}
+        samples = list(self.telemetry().values())  # a copy: the hub's event loop adds nodes meanwhile
+        utilisation = {t.uuid: t.utilization_pct / 100 for node in samples for t in node}
         allocated: dict[str, float] = defaultdict(float)
         used: dict[str, float] = defaultdict(float)
         with self.cache.lock:
