@@ -87,3 +87,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     running alone while the other worker has nothing left."""
     slow = {item.module for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module not in slow)
+
+
+# S16 (issue 41: the API guard, the audit log, /metrics, the dashboard's headers and sessions): its parts come from
+# tests/server/test_api_guard.py and tests/dashboard/test_dashboard_guard.py; one figure line ----------------------
+
+S16_PARTS = ("audit", "lockout", "scheme", "slow", "request_id", "metrics_anon", "queue_gauges_pending",
+             "queue_gauges_allocated", "headers", "logout")
+
+
+class S16Book:
+    """Each S16 test records its part with `part` (passed or not, with its numbers); the test that records the last
+    one prints the S16 figure line, on whichever xdist worker it runs."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[dict[str, Any]]:
+        numbers: dict[str, Any] = {}
+        passed = False
+        try:
+            yield numbers
+            passed = True
+        finally:
+            found = self.parts.add(name, passed=passed, **numbers)
+            if found is not None:
+                figure(self.line(found))
+
+    @staticmethod
+    def line(found: dict[str, dict[str, Any]]) -> str:
+        def get(part: str, key: str) -> Any:
+            return found[part].get(key, "?")
+        gauges = all(found[p]["passed"] for p in ("queue_gauges_pending", "queue_gauges_allocated"))
+        failed = ",".join(name for name in S16_PARTS if not found[name]["passed"]) or "none"
+        return (f"S16 audit_rows_from_anon={get('audit', 'audit_rows_from_anon')} (bound {get('audit', 'bound')}) "
+                f"lockout_blocks_valid_token={get('lockout', 'lockout_blocks_valid_token')} "
+                f"scheme_buckets={get('scheme', 'scheme_buckets')} slow_body_cut_s={get('slow', 'slow_body_cut_s')} "
+                f"client_request_id_stored_as_id={get('request_id', 'client_request_id_stored_as_id')} "
+                f"metrics_anon_org_names={get('metrics_anon', 'metrics_anon_org_names')} "
+                f"queue_gauges_filled={'ok' if gauges else 'FAIL'} headers_missing={get('headers', 'headers_missing')} "
+                f"token_after_logout={get('logout', 'token_after_logout')} failed={failed}")
+
+
+@pytest.fixture(scope="session")
+def s16(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> S16Book:
+    return S16Book(Parts(session_folder(tmp_path_factory.getbasetemp(), worker_id, "s16-parts"), S16_PARTS))

@@ -28,7 +28,8 @@ def test_sign_in_shows_who_you_are_and_sign_out_forgets_the_token(tab: Tab, live
     tab.login(live.server.token)
     expect(page).to_have_url(re.compile(r"#/overview$"))
     expect(page.locator("#whoami")).to_have_text("admin @ default operator")
-    assert page.evaluate("sessionStorage.getItem('gpupool.token')") == live.server.token
+    stored = page.evaluate("sessionStorage.getItem('gpupool.token')")
+    assert stored.startswith("gp_") and stored != live.server.token  # a session token, not the pasted one
     assert page.evaluate("localStorage.length") == 0  # the token lives in this tab only
     tab.go("login")
     expect(page.locator("#signed-in")).to_contain_text("operator")

@@ -81,7 +81,7 @@ def test_the_api_and_system_routes_are_untouched(client: Client) -> None:
     assert not [p for p in client.get("/openapi.json").json()["paths"] if not p.startswith("/api/v1/")]
     assert client.get("/docs").status_code == 200
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/metrics").status_code == 200
+    assert client.get("/metrics").status_code == 401  # an operator's token, unless GPUPOOL_METRICS_PUBLIC
     assert client.get("/api/v1/jobs").status_code == 401  # still the API, asking for a token
     for method in ("GET", "POST", "DELETE"):  # unknown API paths: the API's JSON 404, never a static file's 405
         response = client.request(method, "/api/v1/no-such-route")

@@ -158,11 +158,13 @@ def _showback_pages(tab: Tab, foreign: set[str], globex: dict[str, Any]) -> None
 
 
 def _assert_only_tenant_reads(tab: Tab, live: Live, probed: str) -> None:
-    """The browser called only this server's tenant-scoped read endpoints; only the probed foreign job answered 404."""
+    """The browser called only this server's tenant-scoped read endpoints (and, signing in, opened its session);
+    only the probed foreign job answered 404."""
     api = [(method, urlsplit(url).path) for method, url, _ in tab.requests if urlsplit(url).path.startswith("/api/")]
     assert api, "no API calls recorded"
     assert all(url.startswith(live.url) for _, url, _ in tab.requests)
-    odd = [(m, p) for m, p in api if m != "GET" or not READS.match(p)]
+    assert api.count(("POST", "/api/v1/sessions")) == 1
+    odd = [(m, p) for m, p in api if (m != "GET" or not READS.match(p)) and (m, p) != ("POST", "/api/v1/sessions")]
     assert not odd, f"calls outside the tenant's read endpoints: {odd}"
     wrong = [(s, u) for s, u in tab.failures if not (s == 404 and probed in u)]
     assert not wrong, f"refused calls: {wrong}"

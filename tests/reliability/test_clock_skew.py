@@ -76,7 +76,9 @@ def test_t4_skewed_agents_are_not_lost_run_first_time_and_bill_within_a_heartbea
     finished = [cluster.wait_job(j, timeout_s=60) for j in jobs]
     time.sleep(max(0.0, ready_at + 2 * G - time.monotonic()))
     errors = [billing_error(cluster, j, f) for j, f in zip(jobs, folders, strict=True)]
-    lost = float(next(line.split()[1] for line in httpx.get(f"{cluster.url}/metrics", timeout=10).text.splitlines()
+    page = httpx.get(f"{cluster.url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {cluster.server.token}"}).text
+    lost = float(next(line.split()[1] for line in page.splitlines()
                       if line.startswith("gpupool_nodes_lost_total ")))
     nodes = cluster.nodes()
     worst = max(e for _, e in errors)

@@ -33,7 +33,8 @@ G = float(SCALED["GPUPOOL_LOST_AFTER_S"])
 H = float(SCALED["GPUPOOL_HEARTBEAT_S"])
 SCAN = min(1.0, H)  # the monitor's period (AgentHub.monitor)
 RATE = 2.0  # nodes/s: 0.1 node/s scaled by 20
-ENV = {**SCALED, "GPUPOOL_REQUEUE_RATE_PER_S": str(RATE), "GPUPOOL_REQUEUE_BURST": "1"}
+ENV = {**SCALED, "GPUPOOL_REQUEUE_RATE_PER_S": str(RATE), "GPUPOOL_REQUEUE_BURST": "1",
+       "GPUPOOL_METRICS_PUBLIC": "true"}  # the scraper reads cluster-wide series, which need no token then
 
 
 class Scraper(threading.Thread):

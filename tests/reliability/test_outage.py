@@ -78,7 +78,8 @@ class Prober(threading.Thread):
 
 
 def metric(cluster: Cluster, name: str) -> float:
-    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+    text = httpx.get(f"{cluster.url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {cluster.server.token}"}).text
     line = next(x for x in text.splitlines() if x.startswith(name + " "))
     return float(line.split()[1])
 

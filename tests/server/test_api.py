@@ -117,7 +117,7 @@ def test_queue_approval_threshold_holds_big_jobs_for_an_admin(shared_server):
 
 def test_metrics_expose_the_cluster_figures(shared_server):
     import httpx
-    text = httpx.get(f"{shared_server.url}/metrics").text
+    text = httpx.get(f"{shared_server.url}/metrics", headers={"Authorization": f"Bearer {shared_server.token}"}).text
     for name in ("gpupool_gpu_allocation_ratio", "gpupool_gpu_fragmentation_ratio",
                  "gpupool_scheduler_cycle_seconds", "gpupool_scheduler_decisions_total"):
         assert name in text

@@ -313,6 +313,9 @@ CASES = [
     Case("DELETE /api/v1/tokens/{token_id}", "A's tenant admin's token",
          lambda c, t, w: c.delete(f"/tokens/{t.token_ids['tenant-admin']}"), 404, 404),
     Case("POST /api/v1/join-tokens", "make one", lambda c, t, w: c.post("/join-tokens", json={}), 403, 403),
+    Case("POST /api/v1/sessions", "one's own (it names nothing of A's)", lambda c, t, w: c.post("/sessions"), 201, 201),
+    Case("DELETE /api/v1/sessions/current", "with an API token (no session of A's is B's to end)",
+         lambda c, t, w: c.delete("/sessions/current"), 404, 404),
     Case("GET /api/v1/queues", "list", lambda c, t, w: c.get("/queues"), 200, 200),
     Case("POST /api/v1/queues", "in A's org",
          lambda c, t, w: c.post("/queues", json={"name": "spy-q", "org": t.org}), 404, 403),
@@ -526,6 +529,13 @@ def _own_token(c: httpx.Client, column: str, w: World) -> str:
     return _ok(c.post("/tokens", json={"name": "mine"}), 201)["id"] if column in COLUMNS[:5] else w.victim_token()
 
 
+def _log_out(c: httpx.Client, column: str, w: World) -> httpx.Response:
+    """Open a session with the caller's token (where it may) and end it with the session's own token."""
+    opened = c.post("/sessions")
+    session = {"Authorization": f"Bearer {opened.json()['token']}"} if opened.status_code == 201 else {}
+    return c.delete("/sessions/current", headers=session)
+
+
 USERS = (200,) * 5  # every user role
 ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonymous
     Row("GET /api/v1/whoami", "", lambda c, r, w: c.get("/whoami"), (*USERS, 200, 401)),
@@ -549,6 +559,8 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
         lambda c, r, w: c.delete(f"/tokens/{w.victim_token()}"), (404, 404, 404, 204, 204, 404, 401)),
     Row("POST /api/v1/join-tokens", "", lambda c, r, w: c.post("/join-tokens", json={}),
         (403, 403, 403, 403, 201, 403, 401)),
+    Row("POST /api/v1/sessions", "", lambda c, r, w: c.post("/sessions"), (201, 201, 201, 201, 201, 403, 401)),
+    Row("DELETE /api/v1/sessions/current", "one's own session", _log_out, (204, 204, 204, 204, 204, 404, 401)),
     Row("GET /api/v1/queues", "", lambda c, r, w: c.get("/queues"), (*USERS, 403, 401)),
     Row("POST /api/v1/queues", "a top-level queue with a guarantee", lambda c, r, w: c.post("/queues", json={
         "name": unique("q"), "org": "acme", "guaranteed": {"gpus": "1"}}), (403, 403, 403, 201, 201, 403, 401)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hmac
 import inspect
+import math
 import secrets
 import subprocess
 import sys
@@ -116,15 +117,22 @@ def _audit_rows(op: httpx.Client) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_every_mutating_request_writes_one_audit_row_and_reads_none(launch: Any, backend: str) -> None:
-    server = launch(backend, GPUPOOL_RATE_LIMIT_PER_S="1", GPUPOOL_RATE_LIMIT_BURST="45")
+    """Every mutating request with a verified identity leaves its row; those without one (refused before or by
+    authentication) are sampled, at most GPUPOOL_AUDIT_SAMPLE_PER_MIN per route and minute: here only the 429s of
+    one route's flood outnumber that."""
+    started = time.monotonic()
+    server = launch(backend, GPUPOOL_RATE_LIMIT_PER_S="1", GPUPOOL_RATE_LIMIT_BURST="45",
+                    GPUPOOL_AUDIT_SAMPLE_PER_MIN="10")
     sent, reads = _mutations(server)
     statuses = Counter(r.status_code for r in sent)
     assert {200, 201, 204, 401, 403, 404, 405, 413, 422, 429} <= set(statuses), statuses
     rows = _audit_rows(_as(server, server.token))
-    figure(f"S10 mutating={len(sent)} audit_rows={len(rows)} ({backend}; reads={reads} not audited)")
-    assert len(rows) == len(sent)
-    assert Counter(r["status"] for r in rows) == statuses
-    assert {r["request_id"] for r in rows} == {r.headers["x-request-id"] for r in sent}
+    sampled_429 = sum(r["status"] == 429 for r in rows)
+    figure(f"S10 mutating={len(sent)} audit_rows={len(rows)} ({backend}; reads={reads} not audited; "
+           f"{sampled_429} of {statuses[429]} anonymous 429s sampled)")
+    assert Counter(r["status"] for r in rows if r["status"] != 429) == statuses - Counter({429: statuses[429]})
+    assert 1 <= sampled_429 <= 10 * (math.ceil((time.monotonic() - started) / 60) + 1)
+    assert {r["request_id"] for r in rows} <= {r.headers["x-request-id"] for r in sent}
     assert len({r["id"] for r in rows}) == len(rows) and [r["id"] for r in rows] == sorted(r["id"] for r in rows)[::-1]
     by_id = {r["request_id"]: r for r in rows}
     job = sent[6]
@@ -134,10 +142,10 @@ def test_every_mutating_request_writes_one_audit_row_and_reads_none(launch: Any,
     cancel = by_id[sent[7].headers["x-request-id"]]
     assert (cancel["route"], cancel["object_id"]) == ("/api/v1/jobs/{job_id}/cancel", job.json()["id"])
     assert by_id[sent[-61].headers["x-request-id"]]["route"] == "/"  # the dashboard answered 405
-    forged = next(r for r in rows if r["token_prefix"] == "0123456789")
-    assert (forged["actor_kind"], forged["status"]) == ("anonymous", 401)
+    forged = next(r for r in rows if r["route"] == "/api/v1/tokens/{token_id}" and r["status"] == 401)
+    assert (forged["actor_kind"], forged["token_prefix"]) == ("anonymous", "")  # the prefix did not verify
     join = next(r for r in rows if r["route"] == "/api/v1/agent/register")
-    assert (join["actor_kind"], join["actor"], join["status"]) == ("join", "abcdef", 401)
+    assert (join["actor_kind"], join["actor"], join["status"]) == ("anonymous", "", 401)  # nor did the join token
 
 
 def test_the_audit_api_filters_pages_and_refuses_big_pages(launch: Any) -> None:
@@ -247,8 +255,8 @@ def _lockout(server: Server) -> tuple[bool, bool]:
     bad_token_401 = [a.status_code for a in answers] == [401] * 5
     guesses = [_as(server, f"gp_000000000{i}_guess").get("/whoami").status_code for i in range(6)]
     locked = _as(server, "gp_9999999999_guess").get("/whoami")
-    still_locked = op.get("/whoami")  # a valid token from the locked address learns nothing either
-    auth_fail_429 = guesses == [401] * 6 and locked.status_code == 429 and still_locked.status_code == 429 and \
+    valid = op.get("/whoami")  # a valid token from the locked address is answered as always (issue 41, finding 6)
+    auth_fail_429 = guesses == [401] * 6 and locked.status_code == 429 and valid.status_code == 200 and \
         50 <= int(locked.headers["retry-after"]) <= 60 and \
         httpx.get(f"{server.url}/api/v1/whoami").status_code == 401  # presenting nothing is not locked out
     return bad_token_401, auth_fail_429
@@ -466,7 +474,13 @@ def test_rotation_in_process_counts_what_does_not_open(tmp_path: Path) -> None:
     ({"GPUPOOL_RATE_LIMIT_PER_S": "0"}, "rate_limit_per_s"), ({"GPUPOOL_RATE_LIMIT_BURST": "lots"}, "rate_limit_burst"),
     ({"GPUPOOL_AUTH_FAILURES_PER_MIN": "0"}, "auth_failures_per_min"),
     ({"GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "-1"}, "max_pending_jobs_per_org"),
-], ids=["zero rate", "burst not a number", "no failures allowed", "negative cap"])
+    ({"GPUPOOL_TRUSTED_PROXIES": "10.0.0.1,proxy.example"}, "trusted_proxies"),
+    ({"GPUPOOL_CLIENT_IP_HEADER": "X-Forwarded-For: 1.2.3.4"}, "client_ip_header"),
+    ({"GPUPOOL_REQUEST_BODY_TIMEOUT_S": "0"}, "request_body_timeout_s"),
+    ({"GPUPOOL_AUDIT_RETENTION_DAYS": "1"}, "audit_retention_days"),
+    ({"GPUPOOL_METRICS_PUBLIC": "perhaps"}, "metrics_public"),
+], ids=["zero rate", "burst not a number", "no failures allowed", "negative cap", "a proxy by name",
+        "a header with a value", "no time for a body", "retention under two days", "public neither true nor false"])
 def test_bad_guard_settings_are_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                                                           field: str) -> None:
     for key, value in env.items():
@@ -479,6 +493,8 @@ def test_the_defaults_are_what_a_deployment_runs() -> None:
     settings = Settings()
     assert (settings.rate_limit_per_s, settings.rate_limit_burst, settings.auth_failures_per_min,
             settings.max_pending_jobs_per_org) == (50, 200, 10, 10_000)
+    assert (settings.trusted_proxy_list, settings.client_ip_header, settings.audit_retention_days,
+            settings.metrics_public, settings.session_ttl_s) == ([], "X-Forwarded-For", 400, False, 12 * 3600)
     assert settings.master_key_path == Path("gpupool-data") / "master.key"
 
 

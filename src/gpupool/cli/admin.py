@@ -28,7 +28,8 @@ def audit(actor: str | None = typer.Option(None, help="a user or node id"),
           until: str | None = typer.Option(None, help="ISO time"),
           limit: int = typer.Option(100, min=1, help="rows to print (pages of at most 500 are fetched)"),
           as_json: bool = typer.Option(False, "--json")) -> None:
-    """The audit log, newest first: every mutating request with who, where and the outcome (operators)."""
+    """The audit log, newest first: every authenticated mutating request (and a sample of refused anonymous ones)
+    with who, where and the outcome (operators)."""
     client, cursor = Client(), None
     rows: list[dict[str, Any]] = []
     filters = {"actor": actor, "org": org, "method": method, "route": route, "object": object_id,

@@ -515,6 +515,7 @@ class AuditOut(_Response):
     id: int
     at: UtcTime
     request_id: str
+    client_request_id: str = Field(default="", description="the client's X-Request-ID, as it sent it")
     actor_kind: str
     actor: str
     actor_name: str

@@ -14,7 +14,7 @@ import sys
 import uvicorn
 
 from gpupool.server import failpoints, keyring
-from gpupool.server.app import create_app
+from gpupool.server.app import create_app, server_options
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.migrating import SchemaMismatch
 from gpupool.server.settings import Settings
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
+                **server_options(settings))
     return 0
 
 

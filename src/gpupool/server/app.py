@@ -6,6 +6,9 @@ nodes and open allocations into the scheduler's cache; 4. start the scheduler lo
 monitor; 5. open the agent channel's TLS listener (gpupool.server.agent_listener; its port is in /readyz).
 Shutdown stops them; running workloads are untouched. The web dashboard (static files in
 gpupool/dashboard, which use only the public API) is served at `/`, behind every API and system route.
+Every response passes the middlewares, outermost first: security headers (gpupool.server.headers), then the API
+guard (gpupool.server.guard: client address, audit log, rate limits, body size and time). `server_options` gives
+uvicorn its part: idle and slow connections closed, no proxy header believed but by the guard.
 """
 
 from __future__ import annotations
@@ -34,15 +37,16 @@ from starlette.types import Scope
 import gpupool
 from gpupool.core import DeviceShare
 from gpupool.protocol.agent import Registration, RegistrationReply
-from gpupool.server import guard, unavailable
+from gpupool.server import guard, headers, unavailable
 from gpupool.server.agent_hub import AgentHub
 from gpupool.server.agent_listener import AgentListener
+from gpupool.server.auth import principal_from, require
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, job_spec
 from gpupool.server.keyring import Keyring
 from gpupool.server.metrics import Metrics
-from gpupool.server.routers import api, usage
+from gpupool.server.routers import api, sessions, usage
 from gpupool.server.routers import audit as audit_routes
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, running_task
@@ -52,6 +56,7 @@ from gpupool.server.services import audit
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.tenancy import bootstrap
 from gpupool.server.settings import Settings
+from gpupool.server.slow_clients import HeadDeadline
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
 
@@ -108,7 +113,7 @@ def create_app(settings: Settings) -> FastAPI:
     db = Database(settings.db_url)
     cache = ClusterCache()
     hub = AgentHub(db, cache, settings)
-    metrics = Metrics(cache)
+    metrics = Metrics(cache, telemetry=lambda: hub.telemetry)
     lease = SchedulerLease(db, settings.data_dir, holder_id(), settings.lease_s, settings.lease_renew_s,
                            settings.lease_retry_s)
     lease.on_refused, hub.lease, hub.on_lost = metrics.fenced_refused.inc, lease, metrics.node_lost
@@ -132,26 +137,25 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.scheduler, app.state.lifecycle = loop, lifecycle
         app.state.fair_shares = lambda: loop.fair_shares
         loop.start()
-        monitor = asyncio.create_task(hub.monitor())
+        tasks = [asyncio.create_task(hub.monitor()), asyncio.create_task(
+            audit.prune_every(db, settings.audit_retention_days, settings.audit_prune_interval_s))]
         listener = AgentListener(hub, settings)
         await listener.start()
         yield
         await listener.stop()
-        monitor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await monitor
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await asyncio.to_thread(loop.stop)
 
     app = FastAPI(title="gpupool", version=gpupool.__version__, lifespan=lifespan)
     app.state.db, app.state.cache, app.state.hub, app.state.settings = db, cache, hub, settings
     app.state.fair_shares = lambda: {}
     app.state.principals, app.state.keyring = {}, keyring
-    app.add_middleware(guard.BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(guard.RateLimit, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst,
-                       auth_failures_per_min=settings.auth_failures_per_min)
-    # outermost: it sees every refusal of the others
-    app.add_middleware(guard.AuditLog, record=audit.GroupCommit(db).record)
+    _guard(app, settings, db, metrics)
     app.include_router(api.router)
+    app.include_router(sessions.router)
     app.include_router(usage.router)
     app.include_router(audit_routes.router)
     _error_handlers(app)
@@ -161,6 +165,26 @@ def create_app(settings: Settings) -> FastAPI:
     if DASHBOARD.is_dir():  # last: only what no route above takes
         app.router.routes.append(DashboardMount("/", app=StaticFiles(directory=DASHBOARD, html=True), name="dashboard"))
     return app
+
+
+def _guard(app: FastAPI, settings: Settings, db: Database, metrics: Metrics) -> None:
+    """The middlewares; each add_middleware wraps the ones added before it."""
+    app.add_middleware(guard.BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.request_body_timeout_s)
+    app.add_middleware(guard.RateLimit, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst,
+                       auth_failures_per_min=settings.auth_failures_per_min)
+    # it sees every refusal of the two above, with the identity authentication left
+    app.add_middleware(guard.AuditLog, record=audit.GroupCommit(db).record, count=metrics.count_unauthenticated,
+                       sample_per_min=settings.audit_sample_per_min)
+    app.add_middleware(guard.ClientAddress, trusted=settings.trusted_proxy_list, header=settings.client_ip_header)
+    app.add_middleware(headers.SecurityHeaders)  # outermost: every answer carries them
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn.run's options for the control plane (RELIABILITY.md S5): keep-alive connections idle for
+    `keep_alive_timeout_s` are closed, and so is a connection that has not sent a whole request head within it
+    (HeadDeadline); uvicorn believes no X-Forwarded-For itself (by default it would, from 127.0.0.1): the guard's
+    ClientAddress does, from the configured trusted proxies only."""
+    return {"timeout_keep_alive": settings.keep_alive_timeout_s, "http": HeadDeadline, "proxy_headers": False}
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -230,18 +254,25 @@ def _system_routes(app: FastAPI, metrics: Metrics) -> None:
         return {"version": gpupool.__version__, "api": "v1"}
 
     @app.get("/metrics", include_in_schema=False)
-    def prometheus(request: Request) -> Response:
-        metrics.refresh({}, {}, {})
+    async def prometheus(request: Request) -> Response:
+        """Every series for an operator's bearer token; without a token, 401, or (`metrics_public`) the cluster-wide
+        series only (gpupool.server.metrics)."""
+        view: Any = metrics.public_registry()
+        if "authorization" in request.headers or not request.app.state.settings.metrics_public:
+            require(await principal_from(request), "operator")  # 401 without a token, 403 for a non-operator
+            view = metrics.registry
+        metrics.refresh()
         hub: AgentHub = request.app.state.hub
         if hub.lease is not None:
             metrics.observe_control_plane(hub.guard.engaged, hub.lease.is_leader(), hub.lease.epoch)
-        return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+        return Response(generate_latest(view), media_type="text/plain; version=0.0.4")
 
 
 def _agent_routes(app: FastAPI, hub: AgentHub) -> None:
     @app.post("/api/v1/agent/register", response_model=RegistrationReply, tags=["agents"])
     async def register(body: Registration, request: Request) -> RegistrationReply:
-        guard.note(request.state, actor_kind="join", actor=guard.join_token_id(body.join_token))
         reply = await asyncio.to_thread(hub.register, body)
+        # the join token verified (and is spent): the audit row may name it; a refused registration is anonymous
+        guard.note(request.state, actor_kind="join", actor=guard.join_token_id(body.join_token))
         request.app.state.scheduler.wake()
         return reply

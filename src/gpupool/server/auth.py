@@ -2,6 +2,8 @@
 
 Tokens look like `gp_<prefix>_<secret>`: 256 random bits, stored only as a SHA-256 hash, found by their
 prefix (shown in listings), revocable and optionally expiring. Node credentials are tokens bound to a node.
+A session token (`open_session`, what the dashboard holds) is a short-lived token opened with an API token: it
+dies with that token, and `close_session` revokes it (the dashboard's "Log out").
 Roles rank viewer < member < project-admin < tenant-admin < operator; operators see every tenant,
 everyone else only their own organisation (another tenant's objects answer 404).
 """
@@ -13,7 +15,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import anyio
@@ -22,8 +24,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.protocol import api
 from gpupool.protocol.api import ROLES
 from gpupool.server.db.models import Node, Org, Token, User
+from gpupool.server.guard import bearer_credential
 
 if TYPE_CHECKING:
     from gpupool.server.db.engine import Database
@@ -50,6 +54,10 @@ class Principal:
     org_name: str | None = None
     projects: tuple[str, ...] = field(default_factory=tuple)
     node_id: str | None = None
+    #: the token the caller presented: its row id, its public prefix, and whether it is a session's
+    token_id: str | None = None
+    token_prefix: str | None = None
+    session: bool = False
 
     @property
     def is_operator(self) -> bool:
@@ -61,10 +69,10 @@ class Principal:
 
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
+    scheme, value = header.strip().partition(" ")[0], bearer_credential(header)
     if scheme.lower() != "bearer" or not value.startswith("gp_"):
         raise HTTPException(401, "missing or malformed bearer token", headers={"WWW-Authenticate": "Bearer"})
-    return value.strip()
+    return value
 
 
 def resolve(session: Session, token: str) -> Principal:
@@ -76,16 +84,57 @@ def resolve(session: Session, token: str) -> Principal:
     now = datetime.now(UTC)
     if row is None or not hmac.compare_digest(row.secret_hash, hash_secret(token)):
         raise HTTPException(401, "unknown token")
-    if row.revoked_at is not None or (row.expires_at is not None and _aware(row.expires_at) <= now):
+    if not _live(row, now):
         raise HTTPException(401, "token revoked or expired")
+    if row.session_of is not None and not _live(session.get(Token, row.session_of), now):
+        raise HTTPException(401, "the token this session was opened with is revoked or expired")
+    presented = {"token_id": row.id, "token_prefix": row.prefix}
+    is_session = row.session_of is not None
     if row.node_id is not None:
         node = session.get(Node, row.node_id)
-        return Principal(role="agent", node_id=node.id if node else None)
+        return Principal(role="agent", node_id=node.id if node else None, session=is_session, **presented)
     user = session.get(User, row.user_id)
     if user is None:
         raise HTTPException(401, "token has no user")
     org = session.get(Org, user.org_id)
-    return Principal(user.role, user.id, user.name, user.org_id, org.name if org else None, tuple(user.projects))
+    return Principal(user.role, user.id, user.name, user.org_id, org.name if org else None, tuple(user.projects),
+                     session=is_session, **presented)
+
+
+def _live(row: Token | None, now: datetime) -> bool:
+    return row is not None and row.revoked_at is None and (row.expires_at is None or _aware(row.expires_at) > now)
+
+
+SESSION_NAME = "dashboard session"
+
+
+def open_session(session: Session, principal: Principal, ttl_s: float) -> api.TokenOut:
+    """A session token for the caller's user, living `ttl_s` (never past the token it is opened with, with which
+    it dies). 403 for a node's credential or a session token: a session never prolongs itself."""
+    if principal.role == "agent" or principal.token_id is None:
+        raise HTTPException(403, "only a user's API token opens a session")
+    if principal.session:
+        raise HTTPException(403, "a session token cannot open another session; sign in with an API token")
+    opened_with = session.get(Token, principal.token_id)
+    expires = datetime.now(UTC) + timedelta(seconds=ttl_s)
+    if opened_with is not None and opened_with.expires_at is not None:
+        expires = min(expires, _aware(opened_with.expires_at))
+    prefix, secret = new_token()
+    row = Token(prefix=prefix, secret_hash=hash_secret(secret), name=SESSION_NAME, user_id=principal.user_id,
+                expires_at=expires, session_of=principal.token_id)
+    session.add(row)
+    session.flush()
+    return api.TokenOut(id=row.id, prefix=prefix, name=SESSION_NAME, user=principal.user_name, expires_at=expires,
+                        revoked_at=None, token=secret)
+
+
+def close_session(session: Session, principal: Principal) -> None:
+    """Revoke the session token the caller presented; 404 when it presented an API token (those are revoked by
+    id, DELETE /api/v1/tokens/{id}, never by logging out)."""
+    row = session.get(Token, principal.token_id) if principal.session else None
+    if row is None:
+        raise HTTPException(404, "this token is not a session; revoke an API token with DELETE /api/v1/tokens/{id}")
+    row.revoked_at = row.revoked_at or datetime.now(UTC)
 
 
 def _aware(moment: datetime) -> datetime:

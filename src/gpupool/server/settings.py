@@ -3,10 +3,11 @@ or CLI flags. Validated at load: a bad value names its setting."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Settings(BaseModel):
@@ -44,6 +45,25 @@ class Settings(BaseModel):
     rate_limit_burst: int = Field(default=200, ge=1)
     auth_failures_per_min: int = Field(default=10, ge=1, description="failed authentications per address")
     max_pending_jobs_per_org: int = Field(default=10_000, ge=1)
+    #: proxies whose client-address header is believed (comma-separated addresses or CIDR networks); the client of a
+    #: request from one of them is the right-most address of `client_ip_header` that is not itself a trusted proxy
+    trusted_proxies: str = ""
+    client_ip_header: str = Field(default="X-Forwarded-For", pattern=r"^[A-Za-z0-9-]{1,64}$")
+    # Slow clients (RELIABILITY.md S5): a request's whole body must arrive within request_body_timeout_s of its
+    # start, and an idle keep-alive connection is closed after keep_alive_timeout_s (uvicorn's timeout_keep_alive).
+    request_body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    keep_alive_timeout_s: int = Field(default=5, ge=1, le=3600)
+    # The audit log (S10): rows for authenticated mutating requests; refused anonymous ones are counted in /metrics
+    # and at most audit_sample_per_min of them per route and minute are written too. Rows older than
+    # audit_retention_days are deleted every audit_prune_interval_s (at least two days: the database refuses to
+    # delete a row less than a day old, and the second day absorbs a database clock behind this one).
+    audit_sample_per_min: int = Field(default=10, ge=0, le=100_000)
+    audit_retention_days: float = Field(default=400.0, ge=2)
+    audit_prune_interval_s: float = Field(default=3600.0, gt=0)
+    #: what /metrics shows without an operator's token: nothing (401), or only cluster-wide figures (no names)
+    metrics_public: bool = False
+    #: how long a dashboard session token (POST /api/v1/sessions) lives
+    session_ttl_s: int = Field(default=12 * 3600, ge=60, le=7 * 86400)
     #: the key that wraps every organisation's data key (S9); default DATA_DIR/master.key, made 0600 at first start
     master_key_file: Path | None = None
     #: the Ed25519 key that signs launch and stop orders; default DATA_DIR/order-signing.key, made 0600 at first start.
@@ -60,6 +80,20 @@ class Settings(BaseModel):
     #: image registries jobs may name although they are private, loopback or link-local addresses (S11):
     #: comma-separated "host" or "host:port" entries, IPv6 addresses in brackets
     registry_allow: str = ""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        for entry in filter(None, (e.strip() for e in value.split(","))):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or CIDR network") from None
+        return value
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return [e.strip() for e in self.trusted_proxies.split(",") if e.strip()]
 
     @model_validator(mode="after")
     def _timing(self) -> Settings:

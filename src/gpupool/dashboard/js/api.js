@@ -1,4 +1,4 @@
-// The public HTTP API (/api/v1) with the signed-in user's bearer token, kept in sessionStorage (per tab).
+// The public HTTP API (/api/v1) with the signed-in user's session token as bearer, kept in sessionStorage (per tab).
 
 const TOKEN_KEY = 'gpupool.token';
 const BASE = '/api/v1';
@@ -10,7 +10,7 @@ export const token = {
   clear: () => sessionStorage.removeItem(TOKEN_KEY),
 };
 
-/** Called when the API answers 401 to the stored token (revoked or expired): the app signs out. */
+/** Called when the API answers 401 to the stored token (logged out elsewhere, revoked or expired): the app signs out. */
 export function whenUnauthorized(callback) {
   onUnauthorized = callback;
 }

@@ -1,9 +1,10 @@
 // The dashboard shell: sign-in state, navigation and a hash router (#/page/arg?query). Each page module exports
 // `render(ctx, arg, query)` returning an element; ctx.every() polls (never faster than every 2 s) until the page
-// is left.
+// is left. No text of the URL reaches a page unchecked: `arg` is a job id or nothing, and each page takes from
+// `query` only values it recognises.
 
 import { api, token, whenUnauthorized } from './api.js';
-import { h } from './dom.js';
+import { errorBox, h } from './dom.js';
 import * as heatmap from './pages/heatmap.js';
 import * as job from './pages/job.js';
 import * as jobs from './pages/jobs.js';
@@ -26,7 +27,9 @@ const PAGES = {
   showback: { title: 'Showback', module: showback },
 };
 
-const state = { me: null, timers: [] };
+const state = { me: null, timers: [], notice: '' };
+/** What a detail page's argument may be: a job id. Nothing else from the URL is ever shown. */
+const JOB_ID = /^[0-9a-f]{32}$/;
 
 function parseHash() {
   const [path, search = ''] = window.location.hash.replace(/^#\/?/, '').split('?');
@@ -68,17 +71,32 @@ function renderChrome(current) {
     ' @ ', h('span', { class: 'org' }, org ?? '—'), ' ', h('span', { class: 'badge role' }, role));
 }
 
+/** Trades the pasted API token for a session token (POST /sessions), the only token the tab then keeps. */
 async function signIn(candidate) {
-  const me = await api('/whoami', { bearer: candidate });
-  token.set(candidate);
+  const session = await api('/sessions', { method: 'POST', bearer: candidate });
+  const me = await api('/whoami', { bearer: session.token });
+  token.set(session.token);
   state.me = me;
   return me;
 }
 
-function signOut(message) {
+/**
+ * Forgets the session and, unless the server already refused it, revokes it (DELETE /sessions/current), so that a
+ * copy of it is worth nothing either. `notice` is one of this file's own messages, shown on the sign-in page.
+ */
+async function signOut(notice = '', { refused = false } = {}) {
+  const held = token.get();
   token.clear();
   state.me = null;
-  navigate('login', '', message ? { message } : {});
+  state.notice = notice;
+  if (held && !refused) {
+    try {
+      await api('/sessions/current', { method: 'DELETE', bearer: held });
+    } catch {
+      // expired or revoked meanwhile: nothing left to revoke
+    }
+  }
+  navigate('login');
 }
 
 async function route() {
@@ -102,17 +120,24 @@ async function route() {
   const ctx = { me: state.me, every, navigate, signIn, signOut, isOperator: state.me?.role === 'operator' };
   if (page === 'login') {
     document.title = 'Sign in · gpupool';
-    view.replaceChildren(login.render(ctx, arg, query));
+    view.replaceChildren(login.render({ ...ctx, notice: state.notice }));
+    state.notice = '';
     return;
   }
   const entry = PAGES[page];
-  const pageModule = arg && entry.detail ? entry.detail : entry.module;
+  if (arg && !(entry.detail && JOB_ID.test(arg))) {
+    document.title = `${entry.title} · gpupool`;
+    view.replaceChildren(h('h1', {}, entry.title), errorBox('There is no such page: check the link.'));
+    return;
+  }
+  const pageModule = arg ? entry.detail : entry.module;
   document.title = `${arg || entry.title} · gpupool`;
   view.replaceChildren(h('h1', {}, arg ? `${entry.title.replace(/s$/, '')} ${arg}` : entry.title),
     pageModule.render(ctx, arg, query));
 }
 
-whenUnauthorized(() => state.me && signOut('Your token was refused (revoked or expired). Sign in again.'));
+whenUnauthorized(() => state.me && signOut('Your session was refused (logged out, revoked or expired). Sign in again.',
+  { refused: true }));
 document.getElementById('logout').addEventListener('click', () => signOut());
 window.addEventListener('hashchange', route);
 route();

@@ -84,6 +84,8 @@ class Token(Base):
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: a dashboard session's token: the token it was opened with (it dies with that one); None for API tokens
+    session_of: Mapped[str | None] = mapped_column(String(32))
 
 
 class JoinToken(Base):
@@ -321,12 +323,15 @@ class ClusterSample(Base):
 
 
 class AuditEntry(Base):
-    """Append-only record of one mutating HTTP request, whatever its outcome (RELIABILITY.md S10).
+    """Append-only record of one mutating HTTP request with a verified identity, whatever its outcome, and of a
+    bounded sample of those without one (RELIABILITY.md S10; gpupool.server.guard.AuditLog).
 
-    The database refuses UPDATE and DELETE on this table (triggers from migration 0003). `route` is the
-    route's template (`/api/v1/jobs/{job_id}/cancel`), or the raw path when no route matched; `object_id` is
-    the path's id or the id of what the request created; `actor_kind` is user, node, join (an agent
-    registering with a join token) or anonymous (no valid credential).
+    The database refuses UPDATE, and DELETE of rows less than a day old (triggers from migrations 0003 and 0007):
+    only the retention's pruning deletes, and only older rows. `request_id` is the server's own id of the request,
+    `client_request_id` the client's `X-Request-ID` (unchecked, kept apart). `route` is the route's template
+    (`/api/v1/jobs/{job_id}/cancel`), or the raw path when no route matched; `object_id` is the path's id or the id
+    of what the request created; `actor_kind` is user, node, join (an agent registering with a join token that
+    verified) or anonymous (no verified credential).
     """
 
     __tablename__ = "audit"
@@ -334,6 +339,7 @@ class AuditEntry(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(default=utcnow)
     request_id: Mapped[str] = mapped_column(String(64))
+    client_request_id: Mapped[str] = mapped_column(String(64), default="", server_default="")
     actor_kind: Mapped[str] = mapped_column(String(16))
     actor: Mapped[str] = mapped_column(String(64), default="")
     actor_name: Mapped[str] = mapped_column(String(128), default="")

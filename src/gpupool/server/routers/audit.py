@@ -1,4 +1,5 @@
-"""`GET /api/v1/audit`: the audit log, for operators (every mutating request, whatever its outcome)."""
+"""`GET /api/v1/audit`: the audit log, for operators (every mutating request made with a verified identity,
+whatever its outcome, and a bounded sample of those refused without one: gpupool.server.guard.AuditLog)."""
 
 from __future__ import annotations
 

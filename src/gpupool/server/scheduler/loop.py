@@ -133,11 +133,13 @@ class SchedulerLoop:
         if result.decisions:
             failpoint("scheduler.before_bind")
         placed = self.binder.apply(result.decisions, specs, self.lease.epoch)
-        self._record_reasons({**result.pending, **held}, self.lease.epoch)
+        waiting = {**result.pending, **held}
+        self._record_reasons(waiting, self.lease.epoch)
         self.fair_shares = dict(result.fair_shares)
         self.cycles += 1
         if self.metrics is not None:
-            self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares)
+            self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares,
+                                       [p.spec.queue for p in pending if p.spec.id in waiting])
         return placed
 
     def _over_budget(self, session: Session, pending: list[Pending]) -> dict[str, PendingReason]:

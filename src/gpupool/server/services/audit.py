@@ -1,22 +1,26 @@
-"""The audit log: one append-only row per mutating request (recorded by gpupool.server.guard.AuditLog through
-`GroupCommit`), read by operators newest first, filtered and cursor-paginated."""
+"""The audit log: one append-only row per authenticated mutating request and a bounded sample of the others
+(recorded by gpupool.server.guard.AuditLog through `GroupCommit`), read by operators newest first, filtered and
+cursor-paginated, and kept for the configured retention (`prune_every`)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-from datetime import UTC, datetime
+import logging
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 from fastapi import HTTPException
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.engine import Database, unreachable
 from gpupool.server.db.models import AuditEntry, Org
+
+log = logging.getLogger(__name__)
 
 COLUMNS = frozenset(c.key for c in AuditEntry.__table__.columns) - {"id", "at"}
 #: each column's value where an entry leaves it out (every row of one multi-row INSERT sets the same columns)
@@ -76,6 +80,39 @@ class GroupCommit:
         return [self._write([entry])[0] for entry in entries]
 
 
+#: rows deleted per statement when pruning: short transactions, whatever the backlog
+PRUNE_BATCH = 10_000
+
+
+def prune(db: Database, retention_days: float, now: datetime | None = None) -> int:
+    """Delete the rows older than `retention_days` (the database itself refuses to delete younger than a day:
+    migration 0007); how many went."""
+    cutoff = (now or datetime.now(UTC)) - timedelta(days=retention_days)
+    pruned = 0
+    while True:
+        with db.session() as session:
+            old = select(AuditEntry.id).where(AuditEntry.at < cutoff).order_by(AuditEntry.id).limit(PRUNE_BATCH)
+            gone = session.execute(delete(AuditEntry).where(AuditEntry.id.in_(old))).rowcount  # type: ignore[attr-defined]
+        pruned += gone
+        if gone < PRUNE_BATCH:
+            return pruned
+
+
+async def prune_every(db: Database, retention_days: float, interval_s: float) -> None:
+    """Prune at once and then every `interval_s` until cancelled; a failed pass (the database away) is logged and
+    the next one tries again."""
+    while True:
+        try:
+            pruned = await anyio.to_thread.run_sync(prune, db, retention_days)
+        except Exception as exc:
+            log.warning("audit: pruning rows older than %g days failed, retrying in %g s: %s", retention_days,
+                        interval_s, str(exc).splitlines()[0][:200])
+        else:
+            if pruned:
+                log.info("audit: pruned %d rows older than %g days", pruned, retention_days)
+        await asyncio.sleep(interval_s)
+
+
 def _settle(batch: list[tuple[dict[str, Any], asyncio.Future[None]]], refused: list[Exception | None]) -> None:
     for (_, done), exc in zip(batch, refused, strict=True):
         if done.done():
@@ -105,7 +142,8 @@ def page(session: Session, principal: Principal, filters: dict[str, Any], cursor
     rows = list(session.scalars(query.limit(limit + 1)))
     more, rows = len(rows) > limit, rows[:limit]
     orgs = {o.id: o.name for o in session.scalars(select(Org).where(Org.id.in_({r.org_id for r in rows})))}
-    items = [api.AuditOut(id=r.id, at=r.at, request_id=r.request_id, actor_kind=r.actor_kind, actor=r.actor,
+    items = [api.AuditOut(id=r.id, at=r.at, request_id=r.request_id, client_request_id=r.client_request_id,
+                          actor_kind=r.actor_kind, actor=r.actor,
                           actor_name=r.actor_name, token_prefix=r.token_prefix, org=orgs.get(r.org_id or ""),
                           method=r.method, route=r.route, object_id=r.object_id, status=r.status, source=r.source)
              for r in rows]

@@ -1,20 +1,22 @@
-// Sign in with an API token (checked with GET /whoami, then kept in this tab's sessionStorage).
+// Sign in with an API token: the shell trades it for a session token (POST /api/v1/sessions), the only token kept
+// in this tab's sessionStorage. `ctx.notice` is the shell's own message (why the last session ended), never text
+// from the URL.
 
 import { h } from '../dom.js';
 
-export function render(ctx, _arg, query) {
+export function render(ctx) {
   if (ctx.me) return signedIn(ctx);
   const input = h('input', { id: 'token', type: 'password', autocomplete: 'off', spellcheck: 'false', required: true,
     placeholder: 'gp_…', 'aria-label': 'API token' });
-  const message = h('p', { id: 'login-message', class: query.message ? 'error' : 'muted', role: 'status' },
-    query.message ?? '');
+  const message = h('p', { id: 'login-message', class: ctx.notice ? 'error' : 'muted', role: 'status' },
+    ctx.notice ?? '');
   const form = h('form', { id: 'login', class: 'panel login' },
     h('h1', {}, 'Sign in to gpupool'),
     h('label', { for: 'token' }, 'API token'), input,
     h('button', { type: 'submit' }, 'Sign in'), message,
     h('p', { class: 'muted small' }, 'Operators find the first token in DATA_DIR/admin.token; everyone else gets one ',
       'from an admin (', h('code', {}, 'POST /api/v1/tokens'), '). ',
-      'The token stays in this browser tab only and is sent to this server alone.'));
+      'This tab keeps only a session token (12 h; "Log out" revokes it), sent to this server alone.'));
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
     message.className = 'muted';

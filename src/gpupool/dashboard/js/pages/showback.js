@@ -18,11 +18,18 @@ function presets() {
   return [['Last 30 days', day(-30), day(1)], ['This month', month(0), month(1)], ['Last month', month(-1), month(0)]];
 }
 
-/** The report's parameters from the URL (#/showback?by=&tag=&from=&to=), with defaults: last 30 days by project. */
+const TAG_KEY = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/; // the API's tag key syntax
+const DAY = /^\d{4}-\d{2}-\d{2}$/;
+
+/**
+ * The report's parameters from the URL (#/showback?by=&tag=&from=&to=), each only if it is a valid value (the page
+ * shows them), else the default: last 30 days by project.
+ */
 function params(query) {
   const [, from, to] = presets()[0];
   const by = GROUPS.some(([g]) => g === query.by) ? query.by : 'project';
-  return { by, tag: query.tag ?? '', from: query.from || from, to: query.to || to };
+  const valid = (value, syntax, otherwise) => (syntax.test(value ?? '') ? value : otherwise);
+  return { by, tag: valid(query.tag, TAG_KEY, ''), from: valid(query.from, DAY, from), to: valid(query.to, DAY, to) };
 }
 
 function form(ctx, p) {
