@@ -12,6 +12,10 @@
     epoch            the highest control-plane epoch seen (stale orders stay refused across restarts)
     workloads/       the runtime's per-workload folders (state, exit code, log)
 
+The join token (first start only) comes from `--join-token` (shown by `ps`), $GPUPOOL_JOIN_TOKEN or
+`--join-token-file` (read_join_token). It registers a new node name only: a registered node keeps its identity in
+node.json, and its name is free for a new token only after an operator's `gpupool node reset NAME`.
+
 Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
 agent process adopts them, provided it reaches the control plane within `fence_s` of the last frame this one heard;
 past that, each workload's watchdog stops it (see runtime/process.py), as the control plane may requeue it elsewhere.
@@ -131,6 +135,23 @@ def default_node_name() -> str:
 def new_boot_id() -> str:
     """A fresh id for this agent process: frame seqs restart from 0 under it."""
     return uuid.uuid4().hex
+
+
+def read_join_token(given: str | None, path: Path | None) -> str | None:
+    """The join token given (on the command line or in $GPUPOOL_JOIN_TOKEN) or read from the file at `path`;
+    ValueError, naming the option, when both are given or the file cannot be read or is empty."""
+    if path is None:
+        return given
+    if given:
+        raise ValueError("--join-token-file: a join token is also given (--join-token or $GPUPOOL_JOIN_TOKEN); "
+                         "give one")
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--join-token-file {path}: cannot read it: {exc}") from None
+    if not token:
+        raise ValueError(f"--join-token-file {path}: the file is empty")
+    return token
 
 
 def build_registration(join_token: str, name: str, boot_id: str, discovery: DeviceDiscovery) -> Registration:
@@ -274,7 +295,8 @@ async def _agent(
                           locate=partial(locate_channel, server), renewal=renewal)
         await channel.run(stop)
     except CredentialRejected as exc:
-        log.error("%s; remove %s and register again with a new join token", exc, data_dir / NODE_FILE)
+        log.error("%s; if an operator reset this node (gpupool node reset), remove %s and register again with a new "
+                  "join token", exc, data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     log.info("agent stopped; workloads keep running and will be adopted by the next agent")
     return EXIT_OK
