@@ -259,13 +259,15 @@ async def _agent(
     if identity is None:
         return EXIT_OK
     if not identity.order_key:
-        log.error("%s pins no control-plane order key (saved before orders were signed): remove it and register "
-                  "again with a new join token", data_dir / NODE_FILE)
+        log.error("%s pins no control-plane order key (saved before orders were signed): remove it, have an "
+                  "operator reset the node (gpupool node reset) and register again with a new join token",
+                  data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     tls = identity.tls
     if tls is None:
-        log.error("%s holds no channel certificate (saved before the channel used mTLS): remove it and register "
-                  "again with a new join token", data_dir / NODE_FILE)
+        log.error("%s holds no channel certificate (saved before the channel used mTLS): remove it, have an "
+                  "operator reset the node (gpupool node reset) and register again with a new join token",
+                  data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s,
                            user=os.environ.get("GPUPOOL_CONTAINER_USER", DEFAULT_USER))
