@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import pytest
 from agent_cluster import Agent, Cluster, wait_for
-from test_agent_channel_security import TLS, Hand, hand_node, join_token, register, registration
+from test_agent_channel_security import TLS, Hand, hand_node, join_token, register, registration, started_job
 from websockets.asyncio.client import ClientConnection, connect
 
 from gpupool.agent.tls import csr_for, new_key
@@ -158,6 +158,24 @@ def test_a_reset_node_that_ran_jobs_rejoins_with_a_fresh_token(cluster: Cluster,
         result = "ok"
     finally:
         report(s13, "reset", result=result)
+
+
+def test_a_reset_node_may_rejoin_with_fewer_gpus_and_its_gpus_may_move(cluster: Cluster) -> None:
+    """The GPU rows of a reset node stay for the allocations that name them (no foreign-key 500), out of service;
+    a re-join revives the indices it reports, and a GPU the node no longer has may join another node."""
+    node = hand_node(cluster, gpus=2)
+    hand, job_id, order = started_job(cluster, node)  # an allocation (and its GPU slots) on the node: history
+    hand.close()
+    assert cluster.api.post(f"/nodes/{node.name}/reset").status_code == 200
+    assert cluster.job(job_id)["state"] == "pending"  # requeued
+    cluster.api.post(f"/jobs/{job_id}/cancel")
+    body = {**registration(join_token(cluster), node.name, 0, "Hand"), "gpus": _gpus((0, node.gpus[0]))}
+    rejoined = httpx.post(f"{cluster.url}/api/v1/agent/register", json=body, timeout=30)
+    assert rejoined.status_code == 200 and rejoined.json()["node_id"] == node.node_id, rejoined.text
+    assert [g["uuid"] for g in cluster.nodes()[node.name]["gpus"]] == [node.gpus[0]]
+    moved = {**registration(join_token(cluster), f"moved-{uuid.uuid4().hex[:6]}", 0, "Hand"),
+             "gpus": _gpus((0, node.gpus[1]))}
+    assert httpx.post(f"{cluster.url}/api/v1/agent/register", json=moved, timeout=30).status_code == 200
 
 
 # finding 8: GPU UUIDs unique across nodes, indices within a node -----------------------------------------------------
