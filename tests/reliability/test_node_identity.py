@@ -161,6 +161,42 @@ def test_a_reset_node_that_ran_jobs_rejoins_with_a_fresh_token(cluster: Cluster,
 
 
 def test_a_reset_node_may_rejoin_with_fewer_gpus_and_its_gpus_may_move(cluster: Cluster) -> None:
+    rejoin_with_fewer_gpus(cluster)
+
+
+def test_reset_rejoin_and_racing_registrations_on_postgresql(postgres: Any, tmp_path: Path) -> None:
+    url = postgres.create_database(f"s13_{uuid.uuid4().hex[:8]}")
+    with Cluster(tmp_path / "pg", env=dict(ENV), database_url=url) as pg:
+        rejoin_with_fewer_gpus(pg)
+        racing_registrations(pg)
+    assert pg.violations == []
+
+
+def test_registrations_racing_for_one_name_get_one_node_and_409s(cluster: Cluster) -> None:
+    racing_registrations(cluster)
+
+
+def racing_registrations(cluster: Cluster, racers: int = 8) -> None:
+    """Registrations with their own tokens for one new name (and GPU) at once: one joins, the others get 409 naming
+    `name` or the GPU's `gpus[0].uuid` (SQLite may instead answer 503 to one that waited out the write lock); never
+    a 500."""
+    name = f"race-{uuid.uuid4().hex[:6]}"
+    bodies = [registration(join_token(cluster), name, 1, "Hand") for _ in range(racers)]
+
+    async def race() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(f"{cluster.url}/api/v1/agent/register", json=body)
+                                          for body in bodies))
+
+    answers = asyncio.run(race())
+    codes = sorted(r.status_code for r in answers)
+    assert codes.count(200) == 1 and set(codes) <= {200, 409, 503}, [(r.status_code, r.text[:200]) for r in answers]
+    # a racer that looked between the winner's commit and its own GPU check finds the GPU taken first: also true
+    assert all(r.json()["detail"].startswith(("name:", "gpus[0].uuid:")) for r in answers if r.status_code == 409), \
+        [r.text[:80] for r in answers]
+
+
+def rejoin_with_fewer_gpus(cluster: Cluster) -> None:
     """The GPU rows of a reset node stay for the allocations that name them (no foreign-key 500), out of service;
     a re-join revives the indices it reports, and a GPU the node no longer has may join another node."""
     node = hand_node(cluster, gpus=2)
