@@ -24,7 +24,7 @@ which completes a handshake only with a client certificate of the agent CA (gpup
 binds the connection to a node: the node credential must resolve to a node, AND the certificate presented in that
 handshake must be one issued to that same node (its SAN names the node, and its serial is listed for the node in
 `agent_certificates`, not revoked). `Renew` over a live channel gets a new certificate for the channel's own node, at
-most one per `renew_interval_s` (beyond: `Rejected`, 429). A node holds one channel at a time: a newly admitted
+most one per RENEW_INTERVAL_S (beyond: `Rejected`, 429). A node holds one channel at a time: a newly admitted
 channel closes the node's older ones (4409).
 
 A node's identity is its certificate (issue 41): a join token registers a new node name only; an existing node
