@@ -20,6 +20,7 @@ from gpupool.agent.main import (
     machine_resources,
     new_boot_id,
     obtain_identity,
+    read_join_token,
     run_agent,
     save_identity,
 )
@@ -82,3 +83,34 @@ def test_a_saved_identity_without_a_pinned_order_key_is_refused(tmp_path):
     """A node.json from before signed orders pins no key: the agent stops (exit 3) rather than run unverified."""
     save_identity(tmp_path, dataclasses.replace(IDENTITY, order_key=""))
     assert run_agent("http://cp:8080", None, tmp_path, "n1", "") == EXIT_CREDENTIAL
+
+
+def test_the_join_token_comes_from_the_option_the_variable_or_a_file(tmp_path):
+    path = tmp_path / "join.token"
+    path.write_text("abc.def\n")
+    assert read_join_token("abc.def", None) == "abc.def"
+    assert read_join_token(None, path) == "abc.def"
+    assert read_join_token(None, None) is None
+    with pytest.raises(ValueError, match="--join-token-file: a join token is also given"):
+        read_join_token("abc.def", path)
+    with pytest.raises(ValueError, match=r"--join-token-file .*missing.*cannot read it"):
+        read_join_token(None, tmp_path / "missing")
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="the file is empty"):
+        read_join_token(None, path)
+
+
+def test_gpupool_agent_reads_the_join_token_from_its_variable(tmp_path, monkeypatch):
+    """`gpupool agent` takes $GPUPOOL_JOIN_TOKEN as --join-token (off the command line `ps` shows)."""
+    from typer.testing import CliRunner
+
+    from gpupool.cli.main import app
+
+    seen = {}
+    monkeypatch.setattr("gpupool.agent.main.run_agent", lambda server, token, *a, **k: seen.setdefault("t", token))
+    result = CliRunner().invoke(app, ["agent", "--server", "http://cp", "--data-dir", str(tmp_path)],
+                                env={"GPUPOOL_JOIN_TOKEN": "from.env"})
+    assert seen == {"t": "from.env"}, result.output
+    both = CliRunner().invoke(app, ["agent", "--server", "http://cp", "--join-token-file", str(tmp_path / "f")],
+                              env={"GPUPOOL_JOIN_TOKEN": "from.env"})
+    assert both.exit_code == EXIT_CONFIG and "--join-token-file" in both.output

@@ -5,8 +5,8 @@
   2  a certificate from another CA (for a real node id) or self-signed: the handshake fails;
   3  (identity binding) node A's certificate with node B's credential: 403 before the upgrade;
   7  `gpupool agent --ca-hash` of another CA: the agent refuses to join (exit 2, nothing saved); the right one joins;
-  8  a revoked certificate (the node registered again): its open channel is closed at once and a new connection
-     with it is refused (403); an expired one fails the handshake;
+  8  a revoked certificate (an operator reset the node, and it joined again): its open channel is closed at once and
+     a new connection with it is refused (403); an expired one fails the handshake;
   9  certificates renewed over the live channels of real agents under load (short lifetimes): 0 nodes lost,
      0 jobs requeued, and an agent restarted after its first certificate expired reconnects with the renewed one.
 
@@ -160,18 +160,20 @@ def test_a_revoked_certificate_is_cut_off_and_refused(cluster: Cluster, book: Ca
         first = Node(cluster)
         with open_channel(cluster, first.credential, first.context) as ws:
             assert hello_acked(ws)
-            again = Node(cluster, first.name)  # registered again: the first certificate goes on the denylist
-            assert again.node_id == first.node_id
             started = time.monotonic()
+            reset = cluster.api.post(f"/nodes/{first.name}/reset")  # the first certificate goes on the denylist
+            assert reset.status_code == 200, reset.text
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     ws.recv(timeout=10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
             assert time.monotonic() - started < 5  # the session kill, not a timeout
-        for credential in (first.credential, again.credential):  # the old credential is still valid: not enough
+        again = Node(cluster, first.name)  # a fresh join token takes the reset name
+        assert again.node_id == first.node_id
+        for credential, status in ((first.credential, 401), (again.credential, 403)):  # revoked with the node
             with pytest.raises(InvalidStatus) as refused:
                 open_channel(cluster, credential, first.context).close()
-            assert refused.value.response.status_code == 403
+            assert refused.value.response.status_code == status
         with open_channel(cluster, again.credential, again.context) as fresh:
             assert hello_acked(fresh)
 

@@ -12,6 +12,10 @@
     epoch            the highest control-plane epoch seen (stale orders stay refused across restarts)
     workloads/       the runtime's per-workload folders (state, exit code, log)
 
+The join token (first start only) comes from `--join-token` (shown by `ps`), $GPUPOOL_JOIN_TOKEN or
+`--join-token-file` (read_join_token). It registers a new node name only: a registered node keeps its identity in
+node.json, and its name is free for a new token only after an operator's `gpupool node reset NAME`.
+
 Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
 agent process adopts them, provided it reaches the control plane within `fence_s` of the last frame this one heard;
 past that, each workload's watchdog stops it (see runtime/process.py), as the control plane may requeue it elsewhere.
@@ -133,6 +137,23 @@ def new_boot_id() -> str:
     return uuid.uuid4().hex
 
 
+def read_join_token(given: str | None, path: Path | None) -> str | None:
+    """The join token given (on the command line or in $GPUPOOL_JOIN_TOKEN) or read from the file at `path`;
+    ValueError, naming the option, when both are given or the file cannot be read or is empty."""
+    if path is None:
+        return given
+    if given:
+        raise ValueError("--join-token-file: a join token is also given (--join-token or $GPUPOOL_JOIN_TOKEN); "
+                         "give one")
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--join-token-file {path}: cannot read it: {exc}") from None
+    if not token:
+        raise ValueError(f"--join-token-file {path}: the file is empty")
+    return token
+
+
 def build_registration(join_token: str, name: str, boot_id: str, discovery: DeviceDiscovery) -> Registration:
     """This machine's registration, with the container-toolkit verdict (gpupool.agent.toolkit) of what is on PATH."""
     cpu_milli, memory_mib = machine_resources()
@@ -238,13 +259,15 @@ async def _agent(
     if identity is None:
         return EXIT_OK
     if not identity.order_key:
-        log.error("%s pins no control-plane order key (saved before orders were signed): remove it and register "
-                  "again with a new join token", data_dir / NODE_FILE)
+        log.error("%s pins no control-plane order key (saved before orders were signed): remove it, have an "
+                  "operator reset the node (gpupool node reset) and register again with a new join token",
+                  data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     tls = identity.tls
     if tls is None:
-        log.error("%s holds no channel certificate (saved before the channel used mTLS): remove it and register "
-                  "again with a new join token", data_dir / NODE_FILE)
+        log.error("%s holds no channel certificate (saved before the channel used mTLS): remove it, have an "
+                  "operator reset the node (gpupool node reset) and register again with a new join token",
+                  data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s,
                            user=os.environ.get("GPUPOOL_CONTAINER_USER", DEFAULT_USER))
@@ -274,7 +297,8 @@ async def _agent(
                           locate=partial(locate_channel, server), renewal=renewal)
         await channel.run(stop)
     except CredentialRejected as exc:
-        log.error("%s; remove %s and register again with a new join token", exc, data_dir / NODE_FILE)
+        log.error("%s; if an operator reset this node (gpupool node reset), remove %s and register again with a new "
+                  "join token", exc, data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     log.info("agent stopped; workloads keep running and will be adopted by the next agent")
     return EXIT_OK

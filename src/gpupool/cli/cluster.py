@@ -263,6 +263,18 @@ def node_uncordon(name: str) -> None:
         fail(exc)
 
 
+@node_app.command("reset")
+def node_reset(name: str) -> None:
+    """Take a node's identity back (operators): its certificates and credential are revoked, its agent cut off, its
+    work requeued; a new join token may then register the name (a reinstalled or replaced machine)."""
+    try:
+        Client().post(f"/nodes/{name}/reset")
+        console.print(f"node {name} reset: its agent is cut off and its work requeued; an agent may join as {name} "
+                      "with a new join token")
+    except ApiError as exc:
+        fail(exc)
+
+
 def top(as_json: bool = typer.Option(False, "--json")) -> None:
     """Who uses what, where: every GPU grant with its project, user, node and job."""
     try:

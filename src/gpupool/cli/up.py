@@ -33,7 +33,10 @@ def server(data_dir: Path = typer.Option(Path("gpupool-data"), help="where the d
 
 
 def agent(server_url: str = typer.Option(..., "--server", help="control plane URL"),
-          join_token: str | None = typer.Option(None, help="single-use join token (first start only)"),
+          join_token: str | None = typer.Option(None, envvar="GPUPOOL_JOIN_TOKEN",
+                                                help="single-use join token (first start only); given here it shows "
+                                                     "in `ps`: prefer the variable or --join-token-file"),
+          join_token_file: Path | None = typer.Option(None, help="read the join token from this file (keep it 0600)"),
           data_dir: Path = typer.Option(Path("gpupool-agent"), help="credential, workload state and logs"),
           name: str | None = typer.Option(None, help="node name (default: host name)"),
           fake_gpus: str | None = typer.Option(None, help="declare FAKE GPUs, e.g. 8xH100-80GB (no real GPU)"),
@@ -43,9 +46,14 @@ def agent(server_url: str = typer.Option(..., "--server", help="control plane UR
                                                         "by `gpupool join-token create`); refuse to join another")
           ) -> None:
     """Run a node agent: discovers GPUs, dials out to the control plane (mTLS), runs granted work."""
-    from gpupool.agent.main import run_agent
+    from gpupool.agent.main import EXIT_CONFIG, read_join_token, run_agent
 
-    raise typer.Exit(run_agent(server_url, join_token, data_dir, name or os.uname().nodename, fake_gpus,
+    try:
+        token = read_join_token(join_token, join_token_file)
+    except ValueError as exc:
+        error(str(exc))
+        raise typer.Exit(EXIT_CONFIG) from None
+    raise typer.Exit(run_agent(server_url, token, data_dir, name or os.uname().nodename, fake_gpus,
                                cp_key_hash=cp_key_hash, ca_hash=ca_hash))
 
 
@@ -75,6 +83,7 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
     server_proc = subprocess.Popen([*exe, "server", "--data-dir", str(data_dir), "--port", str(port)],
                                    stdout=open(logs / "server.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
     children = [server_proc]
+    join_file = data_dir / "agent-join.token"
     try:
         _wait_healthy(url, server_proc)
         token = (data_dir / "admin.token").read_text().strip()
@@ -82,7 +91,8 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
         if not (data_dir / "agent" / "node.json").exists():
             join = httpx.post(f"{url}/api/v1/join-tokens", json={"ttl_s": 600},
                               headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
-            agent_args += ["--join-token", join["token"], "--ca-hash", join["ca_hash"]]
+            _write_private(join_file, join["token"])  # by file: a command line shows in `ps`
+            agent_args += ["--join-token-file", str(join_file), "--ca-hash", join["ca_hash"]]
         if fake_gpus:
             agent_args += ["--fake-gpus", fake_gpus]
         children.append(subprocess.Popen(agent_args, stdout=open(logs / "agent.log", "ab"),  # noqa: SIM115
@@ -99,6 +109,14 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
                 child.send_signal(signal.SIGTERM)
         for child in children:
             child.wait(timeout=20)
+        join_file.unlink(missing_ok=True)
+
+
+def _write_private(path: Path, secret: str) -> None:
+    """Write `secret` to a new file at `path` that only this user can read (0600 from its creation)."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write(secret + "\n")
 
 
 def _banner(url: str, data_dir: Path, config: Path, fake_gpus: str | None) -> None:

@@ -23,8 +23,16 @@ Transport and identity (mTLS): the channel is served by gpupool.server.agent_lis
 which completes a handshake only with a client certificate of the agent CA (gpupool.server.agent_ca). `admit` then
 binds the connection to a node: the node credential must resolve to a node, AND the certificate presented in that
 handshake must be one issued to that same node (its SAN names the node, and its serial is listed for the node in
-`agent_certificates`, not revoked). A node's certificates are revoked when it registers again; its open channels
-are then closed at once. `Renew` over a live channel gets a new certificate for the channel's own node.
+`agent_certificates`, not revoked). `Renew` over a live channel gets a new certificate for the channel's own node, at
+most one per RENEW_INTERVAL_S (beyond: `Rejected`, 429). A node holds one channel at a time: a newly admitted
+channel closes the node's older ones (4409).
+
+A node's identity is its certificate (issue 41): a join token registers a new node name only; an existing node
+reconnects with its certificate and renews it over the channel. `reset_node` (an operator's `gpupool node reset`)
+revokes the node's certificates and credential, closes its channels, requeues its open work (Lifecycle.node_lost) and
+retires its GPU rows (history keeps naming them); the name is then free for a fresh join token, which takes the same
+node row and revives its GPU rows by index. GPU UUIDs are unique across nodes and indices within a registration:
+a registration that breaks either is refused naming the field (`gpus[2].uuid`), like one for a taken `name` (409).
 """
 
 from __future__ import annotations
@@ -40,8 +48,11 @@ from typing import Protocol
 
 from cryptography import x509
 from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 from websockets.exceptions import ConnectionClosed
 
 from gpupool.core.metrics import cluster_figures
@@ -61,7 +72,7 @@ from gpupool.protocol.agent import (
     Stop,
     TaskStatus,
 )
-from gpupool.protocol.devices import GpuTelemetry
+from gpupool.protocol.devices import GpuInfo, GpuTelemetry
 from gpupool.protocol.tls import node_of
 from gpupool.server import order_keys
 from gpupool.server.agent_ca import AgentCA, CertificateRequestError
@@ -80,6 +91,13 @@ from gpupool.server.settings import Settings
 log = logging.getLogger(__name__)
 FRAMES = TypeAdapter(AgentFrame)
 RETIRED_BOOTS = 16
+#: at most one certificate renewal per node per this many seconds (a tenth of the lifetime when that is shorter: the
+#: agent asks again that often when a `Certificate` went missing, gpupool.agent.tls.Renewal)
+RENEW_INTERVAL_S = 60.0
+#: the close code of a channel that a newer channel of the same node replaced
+REPLACED = 4409
+NAME_TAKEN = ("name: a node of this name is registered; it reconnects with its own certificate, or an operator "
+              "resets it (gpupool node reset NAME) so that a new join token may take the name")
 ServerFrameOut = Launch | Stop | Ack | Rejected | Certificate
 
 
@@ -111,7 +129,10 @@ class AgentHub:
         self.signer = order_keys.load_or_create(settings.order_key_path)
         self.ca = AgentCA.load_or_create(settings.data_dir)
         self.agent_port = 0  # the channel listener's port, once it listens
-        self.sessions: dict[str, dict[AgentSocket, str]] = {}  # node -> its open channels and their serials
+        self.sessions: dict[str, dict[AgentSocket, asyncio.Task[None]]] = {}  # node -> its channel, and its pump
+        self.renewed_at: dict[str, float] = {}  # node -> monotonic time of its last renewal
+        self.reset_nodes: set[str] = set()  # reset and not joined again: frames still in flight are dropped
+        self._closing: set[asyncio.Task[None]] = set()  # closes of replaced channels, kept until done
         self.telemetry: dict[str, list[GpuTelemetry]] = {}
         self.idle_since: dict[str, float] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -142,9 +163,12 @@ class AgentHub:
     # registration ----------------------------------------------------------------------------
 
     def register(self, reg: Registration) -> RegistrationReply:
-        """Burn a join token and record the node; the reply's credential is the node's API token, and with a CSR
-        the reply carries the node's channel certificate. A node registering again loses its former certificates
-        (revoked; its open channels are closed). A malformed CSR is refused (400) and burns nothing."""
+        """Burn a join token and record a new node (or take the name of a reset one); the reply's credential is the
+        node's API token, and with a CSR the reply carries the node's channel certificate. Refused, burning nothing:
+        401 for a bad token, 409 naming `name` for a name taken (not reset), 409 naming `gpus[i].uuid` for a GPU of
+        another node, 422 naming `gpus[i].index` / `gpus[i].uuid` for one repeated within the registration, 400 for
+        a malformed CSR."""
+        _check_unique_gpus(reg.gpus)
         prefix, _, secret = reg.join_token.partition(".")
         with self.db.session() as session:
             row = session.get(JoinToken, prefix, with_for_update=True)
@@ -155,15 +179,13 @@ class AgentHub:
             if row.used_at is not None or expires <= now:
                 raise HTTPException(401, "join token already used or expired")
             row.used_at = now
-            node = self._upsert_node(session, reg)
+            node = self._join(session, reg)
             token_prefix, credential = new_token()
             session.add(Token(prefix=token_prefix, secret_hash=hash_secret(credential), name=f"node {reg.name}",
                               node_id=node.id))
             node_id = node.id
-            revoked = self._revoke(session, node_id, now)
             certificate = self._issue(session, reg.csr, node_id) if reg.csr else ""
-        if revoked:
-            self.close_sessions(node_id, "the node registered again: its former certificates are revoked")
+        self.reset_nodes.discard(node_id)
         self.reload_nodes()
         self.last_seen[node_id] = time.monotonic()
         return RegistrationReply(node_id=node_id, credential=credential, heartbeat_s=self.settings.heartbeat_s,
@@ -171,7 +193,7 @@ class AgentHub:
                                  order_key=self.signer.public_key, certificate=certificate,
                                  ca_certificate=self.ca.pem, agent_port=self.agent_port)
 
-    def _issue(self, session, csr: str, node_id: str) -> str:  # noqa: ANN001 - a Session
+    def _issue(self, session: Session, csr: str, node_id: str) -> str:
         """A certificate for `node_id` on the key of `csr`, recorded; 400 for a bad CSR."""
         try:
             issued = self.ca.issue(csr, node_id, self.settings.agent_cert_lifetime_s)
@@ -180,12 +202,55 @@ class AgentHub:
         session.add(AgentCertificate(serial=issued.serial, node_id=node_id, not_after=issued.not_after))
         return issued.pem
 
-    @staticmethod
-    def _revoke(session, node_id: str, now: datetime) -> int:  # noqa: ANN001 - a Session
-        """Put every unrevoked certificate of `node_id` on the denylist; how many there were."""
-        result = session.execute(update(AgentCertificate).where(
-            AgentCertificate.node_id == node_id, AgentCertificate.revoked_at.is_(None)).values(revoked_at=now))
-        return int(result.rowcount or 0)
+    def _join(self, session: Session, reg: Registration) -> Node:
+        """The node `reg` joins as, recorded with its GPUs: a new one, or the reset one of that name; 409 naming
+        the field when the name or a GPU UUID is taken (also by a registration committed at the same moment)."""
+        node = _claimable(session, reg)
+        try:
+            with session.begin_nested():
+                return _record_node(session, reg, node)
+        except IntegrityError:
+            _claimable(session, reg)  # says what a registration committed meanwhile took, if it can see it
+            raise HTTPException(409, "name, gpus: taken by another registration at the same moment") from None
+
+    def reset_node(self, node_id: str) -> int:
+        """Take `node_id`'s identity back (an operator's `node reset`); returns the jobs requeued. In order: no new
+        work is placed there; its certificates and credential are revoked and its channels closed (their frames
+        still in flight are dropped); its open work is released and requeued as for a lost node; then the node is
+        marked "reset" (its name is free for a join token) and its GPU rows retired."""
+        entry = next((e for e in self.cache.nodes.values() if e.node_id == node_id), None)
+        if entry is not None:
+            self.cache.set_schedulable(entry.spec.name, False)
+        self.reset_nodes.add(node_id)
+        with self.db.session() as session:
+            _revoke_identity(session, node_id, datetime.now(UTC))
+        self.close_sessions(node_id, "the node was reset: its certificates are revoked")
+        self._forget(node_id)
+        assert self.lifecycle is not None
+        requeued = self.lifecycle.node_lost(node_id, None)
+        with self.db.session() as session:
+            _retire(session, node_id, datetime.now(UTC))
+        self.reload_nodes()
+        log.warning("node %s reset: identity revoked, %d job(s) requeued, its name is free", node_id, requeued)
+        return requeued
+
+    def _forget(self, node_id: str) -> None:
+        """Drop what this process keeps of a node's agent: liveness, boots, telemetry and the orders queued for it."""
+        for table in (self.last_seen, self.seqs, self.retired_boots, self.held, self.telemetry, self.renewed_at):
+            table.pop(node_id, None)
+        self.resync.discard(node_id)
+        queue = self.queues.get(node_id)
+        if queue is None:
+            return
+
+        def drain() -> None:
+            while not queue.empty():
+                queue.get_nowait()
+
+        if self.loop is not None and self.loop.is_running():
+            self.loop.call_soon_threadsafe(drain)
+        else:
+            drain()
 
     def close_sessions(self, node_id: str, reason: str) -> None:
         """Close every open channel of `node_id` (thread-safe): after a revocation, the session kill."""
@@ -195,28 +260,6 @@ class AgentHub:
         log.warning("closing %d channel(s) of node %s: %s", len(live), node_id, reason)
         for ws in live:
             asyncio.run_coroutine_threadsafe(ws.close(4403, reason[:120]), self.loop)
-
-    def _upsert_node(self, session, reg: Registration) -> Node:  # noqa: ANN001 - a Session
-        node = session.scalar(select(Node).where(Node.name == reg.name))
-        if node is None:
-            node = Node(name=reg.name, cpu_milli=reg.cpu_milli, memory_mib=reg.memory_mib)
-            session.add(node)
-            session.flush()
-        busy = session.scalar(select(Allocation.id).where(Allocation.node_id == node.id,
-                                                          Allocation.state.in_(OPEN_ALLOCATION_STATES)).limit(1))
-        if busy is not None:
-            raise HTTPException(409, f"node {reg.name} is registered and running work; start its agent with "
-                                     "its saved credential instead of a new join token")
-        node.cpu_milli, node.memory_mib, node.site, node.rack = reg.cpu_milli, reg.memory_mib, reg.site, reg.rack
-        node.untrusted_images = reg.untrusted_images
-        node.state, node.boot_id, node.last_seen = "ready", reg.boot_id, datetime.now(UTC)
-        for gpu in session.scalars(select(Gpu).where(Gpu.node_id == node.id)):
-            session.delete(gpu)
-        session.flush()
-        for info in reg.gpus:
-            session.add(Gpu(node_id=node.id, index=info.index, uuid=info.uuid, model=info.model,
-                            memory_mib=info.memory_mib, fake=info.fake))
-        return node
 
     def reload_nodes(self) -> None:
         """Rebuild the cache's node set from the database (after a join or a GPU change)."""
@@ -256,7 +299,17 @@ class AgentHub:
         return node_id, serial
 
     def renew(self, node_id: str, frame: Renew) -> Rejected | None:
-        """Issue a new certificate for the channel's node (sent as `Certificate`); Rejected (400) for a bad CSR."""
+        """Issue a new certificate for the channel's node (sent as `Certificate`); Rejected: 429 within the renewal
+        interval of the node's last renewal (RENEW_INTERVAL_S; a request refused here does not count), 400 for a bad
+        CSR."""
+        interval = min(RENEW_INTERVAL_S, self.settings.agent_cert_lifetime_s / 10)
+        now = time.monotonic()
+        wait = self.renewed_at.get(node_id, float("-inf")) + interval - now
+        if wait > 0:
+            log.warning("node %s asked for a certificate again within %.0f s: rejected (429)", node_id, interval)
+            return Rejected(seq=frame.seq, code=429, reason=f"one certificate renewal per {interval:g} s; ask again "
+                                                            f"in {wait:.1f} s")
+        self.renewed_at[node_id] = now
         try:
             with self.db.session() as session:
                 pem = self._issue(session, frame.csr, node_id)
@@ -271,8 +324,8 @@ class AgentHub:
         self.held.pop(node_id, None)
         self.resync.discard(node_id)
         live = self.sessions.setdefault(node_id, {})
-        live[ws] = serial
-        sender = asyncio.create_task(self._pump(ws, queue))
+        self._replace(node_id, serial, live)
+        sender = live[ws] = asyncio.create_task(self._pump(ws, queue))
         try:
             while True:
                 raw = await ws.recv()
@@ -292,6 +345,19 @@ class AgentHub:
             sender.cancel()
             live.pop(ws, None)
 
+    def _replace(self, node_id: str, serial: str, live: dict[AgentSocket, asyncio.Task[None]]) -> None:
+        """Close the node's older channels (one with certificate `serial` was admitted): their pumps stop at once, so
+        no order leaves by a connection that may be dead (an agent reconnects after a network cut before the old
+        one times out), and one node never holds more than one channel's worth of the listener."""
+        for old, pump in list(live.items()):
+            pump.cancel()
+            del live[old]
+            log.info("node %s: a channel with certificate %s replaces an open one (closed %d)", node_id, serial,
+                     REPLACED)
+            task = asyncio.create_task(old.close(REPLACED, "replaced by a newer channel of this node"))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     async def _pump(self, ws: AgentSocket, queue: asyncio.Queue[ServerFrameOut]) -> None:
         while True:
             frame = await queue.get()
@@ -302,6 +368,8 @@ class AgentHub:
                 return
 
     async def _handle(self, node_id: str, raw: str) -> None:
+        if node_id in self.reset_nodes:
+            return  # a channel the reset is closing: nothing it says counts any more
         try:
             frame = FRAMES.validate_json(raw)
         except (ValidationError, ValueError, RecursionError) as exc:
@@ -414,7 +482,7 @@ class AgentHub:
     def _mark_seen(self, node_id: str) -> None:
         with self.db.session() as session:
             node = session.get(Node, node_id)
-            if node is not None and node.state != "ready":
+            if node is not None and node.state not in ("ready", "reset"):
                 node.state = "ready"
                 changed = True
             else:
@@ -591,8 +659,85 @@ class AgentHub:
     def _set_state(self, node_id: str, state: str) -> None:
         with self.db.session() as session:
             node = session.get(Node, node_id)
-            if node is None:
+            if node is None or node.state == "reset":
                 return
             changed, node.state, name = node.state != state, state, node.name
         if changed or state == "lost":  # node_lost wrote "lost" itself: take the node out of the cache here
             self.cache.set_schedulable(name, False)
+
+
+# identity: registration and reset (see the module docstring) --------------------------------------------------------
+
+
+def _check_unique_gpus(gpus: list[GpuInfo]) -> None:
+    """422 naming the first GPU whose index or UUID repeats an earlier one of the same registration."""
+    seen: dict[str, dict[object, int]] = {"index": {}, "uuid": {}}
+    for i, gpu in enumerate(gpus):
+        for field, value in (("index", gpu.index), ("uuid", gpu.uuid)):
+            first = seen[field].setdefault(value, i)
+            if first != i:
+                raise RequestValidationError([{
+                    "type": "value_error", "loc": ("body", "gpus", i, field), "input": value,
+                    "msg": f"gpus[{i}].{field}: repeats gpus[{first}].{field}; each GPU of a node has its own"}])
+
+
+def _claimable(session: Session, reg: Registration) -> Node | None:
+    """The reset node `reg` may take (None: the name is new). 409 naming `name` when a node holds the name and was
+    not reset (nothing else about it is said), or `gpus[i].uuid` when a GPU in service on another node has it."""
+    node = session.scalar(select(Node).where(Node.name == reg.name))
+    if node is not None and node.state != "reset":
+        raise HTTPException(409, NAME_TAKEN)
+    uuids = {gpu.uuid: i for i, gpu in enumerate(reg.gpus)}
+    taken = session.scalars(select(Gpu.uuid).where(Gpu.uuid.in_(list(uuids)), Gpu.retired_at.is_(None))).all()
+    if taken:
+        first = min(uuids[uuid] for uuid in taken)
+        raise HTTPException(409, f"gpus[{first}].uuid: a GPU with this UUID is registered to another node")
+    return node
+
+
+def _record_node(session: Session, reg: Registration, node: Node | None) -> Node:
+    """Record `reg` as a new node, or on the reset `node` (same id: its history stays), with its GPUs."""
+    if node is None:
+        node = Node(name=reg.name, cpu_milli=reg.cpu_milli, memory_mib=reg.memory_mib)
+        session.add(node)
+        session.flush()
+    node.cpu_milli, node.memory_mib, node.site, node.rack = reg.cpu_milli, reg.memory_mib, reg.site, reg.rack
+    node.untrusted_images = reg.untrusted_images
+    node.state, node.boot_id, node.last_seen = "ready", reg.boot_id, datetime.now(UTC)
+    _record_gpus(session, node.id, reg.gpus)
+    return node
+
+
+def _record_gpus(session: Session, node_id: str, gpus: list[GpuInfo]) -> None:
+    """Put `gpus` in service on `node_id`: the node's row of each index is revived with what is there now (its id
+    kept), a new index gets a row. Retired rows first give up the UUIDs taken here (see Gpu)."""
+    wanted = {gpu.uuid: gpu.index for gpu in gpus}
+    for holder in session.scalars(select(Gpu).where(Gpu.uuid.in_(list(wanted)))):
+        if (holder.node_id, holder.index) != (node_id, wanted[holder.uuid]):
+            holder.uuid = f"retired:{holder.id}"
+    session.flush()
+    rows = {row.index: row for row in session.scalars(select(Gpu).where(Gpu.node_id == node_id))}
+    for info in gpus:
+        slot = rows.get(info.index)
+        if slot is None:
+            session.add(Gpu(node_id=node_id, index=info.index, uuid=info.uuid, model=info.model,
+                            memory_mib=info.memory_mib, fake=info.fake))
+        else:
+            slot.uuid, slot.model, slot.memory_mib, slot.fake = info.uuid, info.model, info.memory_mib, info.fake
+            slot.retired_at = None
+    session.flush()
+
+
+def _revoke_identity(session: Session, node_id: str, now: datetime) -> None:
+    """Put every certificate of `node_id` on the denylist and revoke its credentials."""
+    session.execute(update(AgentCertificate).where(
+        AgentCertificate.node_id == node_id, AgentCertificate.revoked_at.is_(None)).values(revoked_at=now))
+    session.execute(update(Token).where(Token.node_id == node_id, Token.revoked_at.is_(None)).values(revoked_at=now))
+
+
+def _retire(session: Session, node_id: str, now: datetime) -> None:
+    """Mark `node_id` reset (its name free for a join token) and take its GPUs out of service."""
+    node = session.get(Node, node_id)
+    if node is not None:
+        node.state = "reset"
+    session.execute(update(Gpu).where(Gpu.node_id == node_id, Gpu.retired_at.is_(None)).values(retired_at=now))

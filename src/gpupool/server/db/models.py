@@ -181,6 +181,10 @@ class AgentCertificate(Base):
 
 
 class Gpu(Base):
+    """One GPU slot of a node, by index; its id stays while allocations name it (history). A reset node's rows are
+    retired (`retired_at`): out of service until the node joins again and reports a GPU at that index. A retired row
+    gives its uuid up when another row takes that uuid (it then holds "retired:<its id>")."""
+
     __tablename__ = "gpus"
     __table_args__ = (UniqueConstraint("node_id", "index"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -190,6 +194,7 @@ class Gpu(Base):
     model: Mapped[str] = mapped_column(String(64))
     memory_mib: Mapped[int] = mapped_column()
     fake: Mapped[bool] = mapped_column(Boolean, default=False)
+    retired_at: Mapped[datetime | None] = mapped_column()
 
 
 class Allocation(Base):

@@ -138,6 +138,6 @@ def open_allocations(session: Session) -> list[Allocation]:
 def nodes_with_gpus(session: Session) -> list[tuple[Node, list[Gpu]]]:
     nodes = session.scalars(select(Node).order_by(Node.name)).all()
     gpus: dict[str, list[Gpu]] = {}
-    for gpu in session.scalars(select(Gpu)):
+    for gpu in session.scalars(select(Gpu).where(Gpu.retired_at.is_(None))):
         gpus.setdefault(gpu.node_id, []).append(gpu)
     return [(n, gpus.get(n.id, [])) for n in nodes]

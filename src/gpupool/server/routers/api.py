@@ -240,6 +240,21 @@ def uncordon(name: str, who: Caller, db: Db, request: Request) -> list[api.NodeO
     return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
 
 
+@router.post("/nodes/{name}/reset", response_model=list[api.NodeOut], tags=["nodes"])
+def reset_node(name: str, who: Caller, request: Request) -> list[api.NodeOut]:
+    """Operators: take the node's identity back (certificates and credential revoked, channels closed, open work
+    requeued, GPUs retired); a new join token may then register the name. Runs in transactions of its own (the
+    answer must see them), not the request's."""
+    state = request.app.state
+    with state.db.session() as session:
+        node_id = cluster.node_to_reset(session, who, name)
+    state.hub.reset_node(node_id)
+    state.principals.clear()  # this process forgets the node's credential at once; others within PRINCIPAL_TTL_S
+    state.scheduler.wake()
+    with state.db.session() as session:
+        return cluster.list_nodes(session, who, state.hub.telemetry)
+
+
 @router.get("/top", response_model=list[api.UsageRow], tags=["usage"])
 def who_uses_what(who: Caller, db: Db) -> list[api.UsageRow]:
     require(who, "viewer")

@@ -86,7 +86,8 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
                            allocated_milli=allocated[f"{node.id}/{g.index}"],
                            utilization_pct=tele[g.uuid].utilization_pct if g.uuid in tele else None,
                            temperature_c=tele[g.uuid].temperature_c if g.uuid in tele else None, fake=g.fake)
-                for g in session.scalars(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index))]
+                for g in session.scalars(select(Gpu).where(Gpu.node_id == node.id, Gpu.retired_at.is_(None))
+                                             .order_by(Gpu.index))]
         out.append(api.NodeOut(name=node.name, state=node.state, cordoned=node.cordoned, cpu_milli=node.cpu_milli,
                                memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen,
                                untrusted_images=node.untrusted_images))
@@ -100,6 +101,15 @@ def set_cordon(session: Session, principal: Principal, name: str, cordoned: bool
         raise HTTPException(404, f"node {name!r} not found")
     node.cordoned = cordoned
     return node
+
+
+def node_to_reset(session: Session, principal: Principal, name: str) -> str:
+    """The id of the node `name` an operator resets (AgentHub.reset_node does it); 404 for an unknown name."""
+    require(principal, "operator")
+    node_id = session.scalar(select(Node.id).where(Node.name == name))
+    if node_id is None:
+        raise HTTPException(404, f"node {name!r} not found")
+    return node_id
 
 
 def top(session: Session, principal: Principal) -> list[api.UsageRow]:
