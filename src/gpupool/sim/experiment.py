@@ -92,10 +92,21 @@ def summary_table(summary: dict[str, dict[str, dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
+def _read_all(nodes: Path, pods: list[Path], timed: bool = False) -> None:
+    """Read (and validate) every input here, before any worker process starts: a bad file ends the run at once."""
+    load_nodes(str(nodes))
+    for path in pods:
+        if timed:
+            require_times(path, list(load_pods(str(path))))
+        else:
+            load_pods(str(path))
+
+
 def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], demand: Fraction,
                    out: Path, jobs: int, timing: bool, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
+    _read_all(nodes, pods)
     out.mkdir(parents=True, exist_ok=True)
     tasks = [FillTask(str(nodes), str(p), policy, seed, demand, timing)
              for p in pods for policy in policies for seed in seeds]
@@ -245,6 +256,7 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
                      options: ReplayOptions, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
+    _read_all(nodes, pods, timed=True)
     if options.queues:
         load_queues(options.queues)
     out.mkdir(parents=True, exist_ok=True)
