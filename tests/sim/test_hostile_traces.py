@@ -53,6 +53,12 @@ def pods(columns: tuple[str, ...] = POD_COLUMNS, **fields: str) -> bytes:
     return "".join(",".join(row[c] for c in columns) + "\n" for row in rows).encode()
 
 
+def both_pods(**fields: str) -> bytes:
+    """A pod list of two pods, both with `fields` changed."""
+    rows = ({c: c for c in POD_COLUMNS}, {**POD, **fields}, {**POD, "name": "p2", **fields})
+    return "".join(",".join(row[c] for c in POD_COLUMNS) + "\n" for row in rows).encode()
+
+
 def workload(**fields: str) -> bytes:
     return pods(WORKLOAD_COLUMNS, **fields)
 
@@ -67,6 +73,7 @@ class Case:
     command: str  # fill, replay, replay-queues, generate or compare
     culprit: str  # the file the error names: nodes.csv, pods.csv, queues.yaml or summary.json
     content: Callable[[], bytes]
+    nodes: Callable[[], bytes] | None = None  # a node list in place of the good one
 
 
 CASES = [
@@ -86,6 +93,9 @@ CASES = [
     Case("nul_in_a_number", "fill", "pods.csv", lambda: pods(cpu_milli="10\x0000")),
     Case("memory_of_1e18_mib", "replay", "pods.csv", lambda: pods(memory_mib=str(10**18))),
     Case("gang_of_1e9_tasks", "replay", "pods.csv", lambda: workload(gang=str(10**9))),
+    Case("a_thousand_gangs_of_a_thousand", "replay", "pods.csv",
+         lambda: b"".join([workload()] + [workload(name=f"g{i}", gang="1000").splitlines(keepends=True)[-1]
+                                          for i in range(1000)])),
     Case("runtime_limit_of_1e30_s", "replay", "pods.csv", lambda: workload(runtime_limit_s=str(10**30))),
     Case("a_million_nodes", "fill", "nodes.csv",
          lambda: (NODE_HEADER + "".join(f"n{i},1,1,0,\n" for i in range(1_000_000))).encode()),
@@ -93,6 +103,9 @@ CASES = [
          lambda: ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
                   + "".join(f"p{i},0,0,0,0\n" for i in range(1_000_000))).encode()),
     Case("header_only_pod_list", "replay", "pods.csv", lambda: (",".join(POD_COLUMNS) + "\n").encode()),
+    Case("no_pod_asks_for_a_gpu", "fill", "pods.csv", lambda: both_pods(num_gpu="0", gpu_milli="0")),
+    Case("tenths_of_a_gpu_to_fill_128000_gpus", "fill", "pods.csv", lambda: both_pods(gpu_milli="100"),
+         nodes=lambda: (NODE_HEADER + "".join(f"n{i},64000,262144,64,A100\n" for i in range(2000))).encode()),
     Case("guarantee_of_1e999999999_gpus", "replay-queues", "queues.yaml",
          lambda: queue_file("guaranteed: {gpus: 1e999999999}")),
     Case("weight_of_5000_digits", "replay-queues", "queues.yaml",
@@ -177,6 +190,8 @@ def test_a_hostile_file_ends_the_run_with_a_file_line_error(case: Case, tmp_path
                                                             trace_parts: Parts, s18: Any) -> None:
     for name, content in GOOD.items():
         (tmp_path / name).write_bytes(content)
+    if case.nodes is not None:
+        (tmp_path / "nodes.csv").write_bytes(case.nodes())
     culprit = tmp_path / case.culprit
     culprit.write_bytes(case.content())
     limit = startup_s + WORK_S

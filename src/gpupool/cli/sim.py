@@ -135,7 +135,7 @@ def bound(
 
     _existing(nodes, "--nodes")
     levels = [_demand(d.strip()) for d in demand.split(",") if d.strip()]
-    with _reported():
+    with _reported(ValueError):
         node_list = read_nodes(nodes)
         results = [(p, level, lp_bound(node_list, [q.shape for q in read_pods(_existing(p, "--pods"))], level))
                    for p in pods for level in levels]

@@ -28,6 +28,7 @@ MAX_CPU_MILLI = 10_000_000  # 10,000 cores
 MAX_MEMORY_MIB = 1 << 26  # 64 TiB
 MAX_TIME_S = 10 * 365 * 86_400  # ten years of trace clock
 MAX_GANG = 1024
+MAX_TASKS = 500_000  # in one pod list, gangs counted task by task
 MAX_NAME_CHARS = 64
 
 _WHOLE = re.compile(r"[+-]?[0-9]+")

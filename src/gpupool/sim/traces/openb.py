@@ -20,6 +20,7 @@ from gpupool.sim.traces.bounds import (
     MAX_MEMORY_MIB,
     MAX_NODES,
     MAX_PODS,
+    MAX_TASKS,
     MAX_TIME_S,
     csv_rows,
     name,
@@ -126,13 +127,14 @@ def _shape(path: Path, line: int, row: dict[str, str]) -> TaskShape:
 
 
 def read_pods(path: str | Path) -> list[Pod]:
-    """The pods of a trace, in file order (at most MAX_PODS, at least one). Pods of equal shape share one
-    `TaskShape` object (a trace of thousands of pods has about a hundred shapes), so the scheduler's many lookups by
-    shape find it by identity instead of comparing it field by field."""
+    """The pods of a trace, in file order (at least one; at most MAX_PODS, of MAX_TASKS tasks in all). Pods of
+    equal shape share one `TaskShape` object (a trace of thousands of pods has about a hundred shapes), so the
+    scheduler's many lookups by shape find it by identity instead of comparing it field by field."""
     path = Path(path)
     pods: list[Pod] = []
     names: set[str] = set()
     shapes: dict[TaskShape, TaskShape] = {}
+    tasks = 0
     for line, row in csv_rows(path, POD_COLUMNS, MAX_PODS):
         pod_name = row["name"].strip()
         if not pod_name or pod_name in names:
@@ -149,6 +151,9 @@ def read_pods(path: str | Path) -> list[Pod]:
             gang=_field(path, line, row, "gang", _gang) if row.get("gang", "").strip() else 1,
             line=line,
         ))
+        tasks += pods[-1].gang
+        if tasks > MAX_TASKS:
+            raise TraceError(str(path), line, "gang", f"the gangs so far add up to more than {MAX_TASKS} tasks")
     if not pods:
         raise TraceError(str(path), 1, "-", "no pods")
     return pods
