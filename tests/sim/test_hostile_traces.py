@@ -120,6 +120,8 @@ CASES = [
     Case("generate_from_a_hostile_source", "generate", "pods.csv", lambda: pods(name="x" * 200_000)),
     Case("summary_not_json", "compare", "summary.json", lambda: b'{"traces": {\n'),
     Case("summary_of_another_shape", "compare", "summary.json", lambda: b'{"traces": [1, 2]}\n'),
+    Case("summary_with_a_mean_of_text", "compare", "summary.json",
+         lambda: b'{"traces": {"t": {"p": {"at_130": {"mean": "high"}}}}}'),
     Case("summary_nested_100000_deep", "compare", "summary.json", lambda: b"[" * 100_000 + b"]" * 100_000),
 ]
 
@@ -149,21 +151,36 @@ class Run:
     peak_rss_mb: float
 
 
+#: runs argv[2:] as its child and writes the child's peak RSS (KiB, from wait4) to argv[1]. Measured from the test
+#: process itself, the figure would include the test's own memory: Linux carries the high-water mark of the process
+#: that forked through exec into ru_maxrss. This small process forks instead.
+SHIM = """import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status) % 256)
+"""
+
+
 def run_measured(command: list[str], limit_s: float, log: Path) -> Run:
-    """Run `command` (output to `log`), killed at `limit_s`; its exit status, output, wall time and peak RSS (from
-    wait4, so only this process counts, not other children of the test process)."""
+    """Run `command` (output to `log`), killed at `limit_s`: its exit status, output, wall time and peak RSS."""
+    peak = log.with_suffix(".rss")
     with log.open("wb") as out:
         start = time.monotonic()
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-c", SHIM, str(peak), *command], stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     timer = threading.Timer(limit_s, os.killpg, (process.pid, signal.SIGKILL))
     timer.start()
     try:
-        _, status, usage = os.wait4(process.pid, 0)
+        process.wait()
     finally:
         timer.cancel()
     wall = time.monotonic() - start
-    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
-    return Run(process.returncode, log.read_text(errors="replace"), wall, usage.ru_maxrss / 1024)
+    rss_mb = int(peak.read_text()) / 1024 if peak.exists() else float("inf")
+    return Run(process.returncode, log.read_text(errors="replace"), wall, rss_mb)
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +330,8 @@ def test_fuzzed_files_give_bounded_values_or_a_file_line_error(tmp_path: Path, s
 
 def test_a_summary_json_the_simulator_wrote_still_compares(tmp_path: Path) -> None:
     """The checks on summary.json refuse nothing a real run writes."""
-    summary = {"traces": {"default": {"fgd": {"at_100": {"mean": 90.0, "sd": 0.0}, "at_130": {"mean": 95.0}}}}}
+    summary = {"traces": {"default": {"fgd": {"at_100": {"mean": 90.0, "sd": 0.0}, "at_130": {"mean": 95.0}}},
+                          "wl": {"fifo": {"seeds": 1, "mean_wait_s": 12.5}}}}  # a fill's figures and a replay's
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     run = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "sim", "compare", str(tmp_path), "--json"],
                          capture_output=True, text=True, timeout=120)

@@ -181,13 +181,17 @@ def _summary(path: Path) -> dict[str, object]:
         problem = "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8"
         raise TraceError(str(path), 1, "-", f"not valid JSON: {problem}") from None
     traces = document.get("traces") if isinstance(document, dict) else None
-    if not isinstance(traces, dict) or not all(
-            isinstance(policies, dict) and all(isinstance(levels, dict) and all(isinstance(v, dict)
-                                                                                 for v in levels.values())
-                                               for levels in policies.values())
-            for policies in traces.values()):
+    if not isinstance(traces, dict) or not all(isinstance(policies, dict) and all(map(_figures, policies.values()))
+                                               for policies in traces.values()):
         raise TraceError(str(path), 1, "traces", "not a gpupool sim summary (traces -> policies -> figures)")
     return document
+
+
+def _figures(entry: object) -> bool:
+    """A policy's figures as `_print_summary` reads them: a mapping, whose fill levels are mappings with a numeric
+    mean (a replay's figures have no levels)."""
+    levels = [entry.get(level, {}) for level in ("at_100", "at_130")] if isinstance(entry, dict) else [None]
+    return all(isinstance(level, dict) and type(level.get("mean", 0)) in (int, float) for level in levels)
 
 
 def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
