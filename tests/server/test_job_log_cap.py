@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # agent_cluster
 
@@ -24,6 +26,7 @@ from agent_cluster import SCALED, Cluster  # noqa: E402
 
 from gpupool.devtools.harness import wait_for  # noqa: E402
 from gpupool.server.joblogs import JobLogs  # noqa: E402
+from gpupool.server.settings import Settings  # noqa: E402
 
 CAP = 256 * 1024
 LINES = 16_384  # of 64 bytes: 1 MiB, four times the cap
@@ -135,3 +138,10 @@ def test_a_reader_behind_the_cut_is_told_how_much_it_missed(tmp_path: Path) -> N
     logs.append("a", 0, len(log) + 1, b"gap")  # a chunk past the end (one is missing) is dropped
     logs.append("a", 0, 0, b"stale")  # so is one within a segment no longer kept
     assert logs.read("a", 0, first, 1 << 20) == (log[first:], len(log))
+
+
+def test_the_cap_defaults_to_100_mib_and_a_tiny_one_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().max_log_bytes_per_job == 100 << 20
+    monkeypatch.setenv("GPUPOOL_MAX_LOG_BYTES_PER_JOB", "1000")
+    with pytest.raises(ValidationError, match="max_log_bytes_per_job"):
+        Settings.from_env()
