@@ -80,6 +80,40 @@ def s8(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> S8Book:
     return S8Book(Parts(folder, [part for parts in S8_CASES.values() for part in parts]))
 
 
+# S18 (issue 41, findings 18, 19, 9): hostile trace files in tests/sim, CSV injection in tests/sim and tests/server,
+# the job log cap in tests/server; one figure line ----------------------------------------------------------------
+
+S18_PARTS = ("traces", "fuzz", "csv_sim", "csv_server", "log")
+
+
+class S18Book:
+    """Each S18 test leaves its numbers with `add`; the one that leaves the last part prints the S18 line."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+
+    def add(self, part: str, **numbers: Any) -> None:
+        found = self.parts.add(part, **numbers)
+        if found is not None:
+            figure(self.line(found))
+
+    @staticmethod
+    def line(found: dict[str, dict[str, Any]]) -> str:
+        traces, log = found["traces"], found["log"]
+        cells = sum(p["cells"] for p in (found["csv_sim"], found["csv_server"]))
+        neutralised = sum(p["neutralised"] for p in (found["csv_sim"], found["csv_server"]))
+        return (f"S18 hostile_traces={traces['cases']} ended_within_10s={traces['ended']}/{traces['cases']} "
+                f"file_line_errors={traces['file_line']}/{traces['cases']} peak_rss_mb={traces['peak_rss_mb']} "
+                f"fuzz_examples={found['fuzz']['examples']} "
+                f"csv_cells_neutralised={neutralised}/{cells} "
+                f"log_cap_bytes={log['cap_bytes']} log_kept_tail={log['kept_tail']}")
+
+
+@pytest.fixture(scope="session")
+def s18(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> S18Book:
+    return S18Book(Parts(session_folder(tmp_path_factory.getbasetemp(), worker_id, "s18-parts"), S18_PARTS))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with slow tests first, each module's tests kept together and in order: under xdist the long

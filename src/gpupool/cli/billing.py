@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import sys
@@ -11,6 +12,7 @@ import typer
 from gpupool.cli.client import ApiError, Client
 from gpupool.cli.cluster import fail
 from gpupool.cli.render import console, show
+from gpupool.protocol.csvsafe import SafeWriter
 
 budget_app = typer.Typer(no_args_is_help=True, help="GPU-hour or money budgets per project or queue.")
 price_app = typer.Typer(no_args_is_help=True, help="Prices per GPU model (operators).")
@@ -29,9 +31,11 @@ def usage(start: str | None = typer.Option(None, "--from", help="ISO date, defau
         fail(exc)
         return
     if fmt == "csv":
-        console.out("key,gpu_hours,cost,entries", highlight=False)
-        for r in rows:
-            console.out(f"{r['key']},{r['gpu_hours']},{r['cost']},{r['entries']}", highlight=False)
+        out = io.StringIO()
+        writer = SafeWriter(out, lineterminator="\n")
+        writer.writerow(["key", "gpu_hours", "cost", "entries"])
+        writer.writerows([r["key"], r["gpu_hours"], r["cost"], r["entries"]] for r in rows)
+        console.out(out.getvalue(), highlight=False, end="")
         return
     show(rows, fmt == "json", [(by, "key"), ("GPU-hours", "gpu_hours"), ("cost", "cost"), ("entries", "entries")],
          title="usage")

@@ -2,25 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.exceptions import TyperException
 
 from gpupool.cli.render import error
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
 from gpupool.sim.sweep import parse_seeds
+from gpupool.sim.traces.bounds import MAX_FILE_BYTES, check_size
 from gpupool.sim.traces.errors import TraceError
 from gpupool.sim.traces.openb import read_nodes, read_pods
 
 app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
+_debug = False
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="show the traceback of an unexpected error")) -> None:
+    global _debug
+    _debug = debug
+
+
+@contextlib.contextmanager
+def _reported(*expected: type[Exception]) -> Iterator[None]:
+    """Errors as one line: a bad input file (TraceError: `file:line: column: what`) or one of `expected` exits 2;
+    anything else exits 1 and says that --debug shows its traceback (with --debug it propagates)."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, TyperException):  # usage errors: typer reports them
+        raise
+    except (TraceError, *expected) as exc:
+        error(str(exc))
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        if _debug:
+            raise
+        error(f"unexpected {type(exc).__name__}: {str(exc)[:500]} (`gpupool sim --debug ...` shows where)")
+        raise typer.Exit(1) from None
 
 
 def _policies(text: str) -> list[str]:
@@ -87,12 +116,9 @@ def fill(
     _existing(nodes, "--nodes")
     for p in pods:
         _existing(p, "--pods")
-    try:
+    with _reported():
         summary = run_fill_sweep(nodes, pods, _policies(policy), _seeds(seeds), _demand(demand), out, jobs,
                                  timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet)
-    except TraceError as exc:
-        error(str(exc))
-        raise typer.Exit(2) from None
     _print_summary([(out, summary)])
     console.print(f"results: {out / 'results.csv'}\nreport:  {out / 'report.md'}")
 
@@ -109,13 +135,10 @@ def bound(
 
     _existing(nodes, "--nodes")
     levels = [_demand(d.strip()) for d in demand.split(",") if d.strip()]
-    try:
+    with _reported(ValueError):
         node_list = read_nodes(nodes)
         results = [(p, level, lp_bound(node_list, [q.shape for q in read_pods(_existing(p, "--pods"))], level))
                    for p in pods for level in levels]
-    except TraceError as exc:
-        error(str(exc))
-        raise typer.Exit(2) from None
     if as_json:
         console.print_json(json.dumps([{"pods": str(p), "demand": str(level), "bound_pct": round(b.pct, 3),
                                         "bound_gpus": round(b.allocated_milli / 1000, 1),
@@ -139,11 +162,36 @@ def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earli
         path = d / "summary.json"
         if not path.is_file():
             raise typer.BadParameter(f"{path}: not found (is {d} a gpupool sim output folder?)", param_hint="DIRS")
-        loaded.append((d, json.loads(path.read_text())))
+        with _reported():
+            loaded.append((d, _summary(path)))
     if as_json:
         console.print_json(json.dumps({str(d): s for d, s in loaded}))
         return
     _print_summary(loaded)
+
+
+def _summary(path: Path) -> dict[str, object]:
+    """An earlier run's summary.json, checked to be shaped as one (traces -> policies -> figures)."""
+    check_size(path, MAX_FILE_BYTES)
+    try:
+        document = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise TraceError(str(path), exc.lineno, "-", f"not valid JSON: {exc.msg}") from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        problem = "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8"
+        raise TraceError(str(path), 1, "-", f"not valid JSON: {problem}") from None
+    traces = document.get("traces") if isinstance(document, dict) else None
+    if not isinstance(traces, dict) or not all(isinstance(policies, dict) and all(map(_figures, policies.values()))
+                                               for policies in traces.values()):
+        raise TraceError(str(path), 1, "traces", "not a gpupool sim summary (traces -> policies -> figures)")
+    return document
+
+
+def _figures(entry: object) -> bool:
+    """A policy's figures as `_print_summary` reads them: a mapping, whose fill levels are mappings with a numeric
+    mean (a replay's figures have no levels)."""
+    levels = [entry.get(level, {}) for level in ("at_100", "at_130")] if isinstance(entry, dict) else [None]
+    return all(isinstance(level, dict) and type(level.get("mean", 0)) in (int, float) for level in levels)
 
 
 def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
@@ -178,8 +226,9 @@ def demo(trace_dir: Path = typer.Option(Path("../shared/traces/alibaba-gpu-v2023
         console.print(f"[yellow]{trace_dir} has no openb trace; using a synthetic cluster[/yellow]")
         nodes, pods = write_synthetic(out / "synthetic")
     command = f"gpupool sim fill --nodes {nodes} --pods {pods} --policy fgd,bestfit,random --seeds 42 --out {out}"
-    summary = run_fill_sweep(nodes, [pods], ["fgd", "bestfit", "random"], [42], Fraction(13, 10), out,
-                             min(3, os.cpu_count() or 1), True, command)
+    with _reported():
+        summary = run_fill_sweep(nodes, [pods], ["fgd", "bestfit", "random"], [42], Fraction(13, 10), out,
+                                 min(3, os.cpu_count() or 1), True, command)
     _print_summary([(out, summary)])
     console.print(f"\nReport: [bold]{out / 'report.md'}[/bold] (plots: {out}/alloc_*.png)\n"
                   f"Next: all policies over ten seeds:\n  {sys.argv[0]} sim fill --nodes {nodes} --pods {pods} "
@@ -234,13 +283,10 @@ def replay(
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
                             node_stride, leave_one_out, estimates == "exact")
-    try:
+    with _reported():
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
                                    shlex.join(["gpupool", *sys.argv[1:]]), quiet)
-    except TraceError as exc:
-        error(str(exc))
-        raise typer.Exit(2) from None
     table = Table(title="Replay: waits and allocation, mean over seeds")
     for column in ("trace", "policy", "mean wait s", "p99 wait s", "GAR", "started", "cycle p99 ms", "migrations/h",
                    "GPUs per migration", "quota violations", "fair-share worst dev %"):
@@ -292,7 +338,7 @@ def generate(
     _existing(nodes, "--nodes")
     _existing(queues, "--queues")
     _existing(source, "--source")
-    try:
+    with _reported(ValueError):
         tree = load_queues(queues)
         leaves = tree.leaves
         weights = {leaf: 1.0 for leaf in leaves}
@@ -304,10 +350,5 @@ def generate(
         spec = WorkloadSpec(load=load, days=days, gang_share=gang_share, limit_share=limit_share, seed=seed)
         capacity = sum(len(n.gpus) for n in read_nodes(nodes)[::node_stride])
         count = write_workload(read_pods(source), capacity, weights, spec, out)
-    except (TraceError, ValueError) as exc:
-        if isinstance(exc, typer.BadParameter):
-            raise
-        error(str(exc))
-        raise typer.Exit(2) from None
     console.print(f"wrote {count} jobs to {out}\nnext: {sys.argv[0]} sim replay --nodes {nodes} --pods {out} "
                   f"--queues {queues} --assign column --profile fifo,default --out replay-out")

@@ -43,7 +43,6 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
@@ -80,6 +79,7 @@ from gpupool.server.auth import hash_secret, new_token, resolve
 from gpupool.server.db.engine import Database, unreachable
 from gpupool.server.db.models import AgentCertificate, Allocation, ClusterSample, Gpu, JoinToken, Node, Token
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, node_spec, nodes_with_gpus
+from gpupool.server.joblogs import JobLogs
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
 from gpupool.server.scheduler.lease import Fenced, SchedulerLease
@@ -144,7 +144,7 @@ class AgentHub:
         self._warned_at = float("-inf")
         self.lifecycle: Lifecycle | None = None
         self.binder: Binder | None = None
-        self.logs = settings.data_dir / "logs"
+        self.job_logs = JobLogs(settings.data_dir / "logs", settings.max_log_bytes_per_job)
 
     # orders out ------------------------------------------------------------------------------
 
@@ -535,16 +535,8 @@ class AgentHub:
         self._mark_seen(node_id)
 
     def _append_log(self, chunk: LogChunk) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        path = self.log_path(chunk.allocation_id, chunk.attempt)
-        with open(path, "a+b") as handle:
-            handle.seek(0, 2)
-            if handle.tell() >= chunk.offset:  # idempotent: a re-sent chunk overwrites the same bytes
-                handle.truncate(chunk.offset)
-                handle.write(chunk.data.encode())
-
-    def log_path(self, allocation_id: str, attempt: int) -> Path:
-        return self.logs / f"{allocation_id}-{attempt}.log"
+        """Idempotent: a re-sent chunk overwrites the same bytes. The log keeps its last bytes only (joblogs)."""
+        self.job_logs.append(chunk.allocation_id, chunk.attempt, chunk.offset, chunk.data.encode())
 
     # liveness --------------------------------------------------------------------------------
 

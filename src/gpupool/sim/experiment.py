@@ -31,6 +31,7 @@ from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
 from gpupool.sim.tenants import assign_by_hash, load_queues
+from gpupool.sim.traces.errors import TraceError
 from gpupool.sim.traces.openb import Pod, pod_duration, read_nodes, read_pods, require_times
 
 
@@ -92,10 +93,37 @@ def summary_table(summary: dict[str, dict[str, dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
+#: pods one fill run may submit (openb's fill at 1.3 x capacity submits about 16,000)
+MAX_FILL_PODS = 1_000_000
+
+
+def _fill_inputs(nodes: Path, pods: list[Path], demand: Fraction) -> None:
+    """Read and check every input before any worker starts (a bad file ends the run at once): the fill protocol
+    needs GPUs, and pods that ask for them, few enough to reach `demand` x capacity in MAX_FILL_PODS pods."""
+    capacity = sum(len(n.gpus) for n in load_nodes(str(nodes))) * 1000
+    if not capacity:
+        raise TraceError(str(nodes), 1, "gpu", "no node has a GPU: the fill protocol measures GPU allocation")
+    for path in pods:
+        listed = load_pods(str(path))
+        asked = sum(p.shape.total_gpu_milli for p in listed)
+        if not asked or demand * capacity * len(listed) / asked > MAX_FILL_PODS:
+            raise TraceError(str(path), 1, "num_gpu", f"the pods ask for {asked / 1000:g} GPUs in all: reaching "
+                             f"{float(demand):g} x the {capacity // 1000} GPUs of {nodes} would take more than "
+                             f"{MAX_FILL_PODS} pods")
+
+
+def _replay_inputs(nodes: Path, pods: list[Path]) -> None:
+    """Read and check every input before any worker starts: a bad file ends the run at once."""
+    load_nodes(str(nodes))
+    for path in pods:
+        require_times(path, list(load_pods(str(path))))
+
+
 def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], demand: Fraction,
                    out: Path, jobs: int, timing: bool, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
+    _fill_inputs(nodes, pods, demand)
     out.mkdir(parents=True, exist_ok=True)
     tasks = [FillTask(str(nodes), str(p), policy, seed, demand, timing)
              for p in pods for policy in policies for seed in seeds]
@@ -245,6 +273,7 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
                      options: ReplayOptions, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
+    _replay_inputs(nodes, pods)
     if options.queues:
         load_queues(options.queues)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,13 @@ there are none, over records within X +/- 1 (BENCHMARKS.md §2.2).
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpupool.protocol.csvsafe import SafeDictWriter
 from gpupool.sim.fill import FillRun, Record
 
 FILL_COLUMNS = ("trace", "policy", "seed", "arrived_pct", "gpu_alloc_pct", "unallocated_gpus", "frag_pct",
@@ -60,7 +60,7 @@ def fill_rows(trace: str, policy: str, seed: int, run: FillRun, target_pct: int,
 def write_results(out: Path, rows: Sequence[dict[str, str]]) -> Path:
     path = out / "results.csv"
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, FILL_COLUMNS, lineterminator="\n")
+        writer = SafeDictWriter(handle, FILL_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return path

@@ -10,12 +10,12 @@ of jobs carry a runtime limit of 1 to 3 times their duration (users overestimate
 
 from __future__ import annotations
 
-import csv
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.protocol.csvsafe import SafeDictWriter
 from gpupool.sim.traces.openb import Pod, pod_duration
 
 COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
@@ -77,7 +77,7 @@ def generate(pods: Sequence[Pod], capacity_gpus: int, shares: Mapping[str, float
         n += 1
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")
+        writer = SafeDictWriter(handle, COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return len(rows)

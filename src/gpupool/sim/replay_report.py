@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections.abc import Sequence
 from fractions import Fraction
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from gpupool.core.metrics import ESTIMATE_BUCKETS, WAIT_BUCKETS_S, histogram, nearest_rank
 from gpupool.core.units import MILLI
+from gpupool.protocol.csvsafe import SafeDictWriter
 from gpupool.sim.replay import ReplayRun
 
 SAMPLE_COLUMNS = ("trace", "policy", "seed", "time_s", "gpu_alloc_pct", "unallocated_gpus", "gfr_pct",
@@ -89,7 +89,7 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
 
 def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, str]]) -> Path:
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, columns, lineterminator="\n")
+        writer = SafeDictWriter(handle, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return path

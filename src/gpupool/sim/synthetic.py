@@ -6,9 +6,10 @@ The mix is shaped like openb's default list: about 13 % CPU-only pods, 38 % frac
 
 from __future__ import annotations
 
-import csv
 import random
 from pathlib import Path
+
+from gpupool.protocol.csvsafe import SafeWriter
 
 NODE_TYPES = (("A100", 8, 96_000, 393_216), ("T4", 2, 64_000, 262_144))
 SHARES = (250, 320, 470, 500, 810)
@@ -22,13 +23,13 @@ def write_synthetic(out: Path, nodes: int = 64, pods: int = 600, seed: int = 0) 
     out.mkdir(parents=True, exist_ok=True)
     node_path, pod_path = out / "nodes.csv", out / "pods.csv"
     with node_path.open("w", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
+        writer = SafeWriter(handle, lineterminator="\n")
         writer.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
         for i in range(nodes):
             model, gpus, cpu, mem = NODE_TYPES[0 if i % 3 == 0 else 1]
             writer.writerow([f"node-{i:04d}", cpu, mem, gpus, model])
     with pod_path.open("w", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
+        writer = SafeWriter(handle, lineterminator="\n")
         writer.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"])
         for i in range(pods):
             writer.writerow([f"pod-{i:05d}", *_pod(rng)])

@@ -17,13 +17,16 @@ Queue file (YAML)::
         preempt_min_runtime_s: 600
         reclaim_min_runtime_s: 600
 
-Errors name the file, line and field.
+Errors name the file, line and field. The file is untrusted input (see `traces.bounds`): at most 1 MiB and 1,000
+queues; names start with a letter or digit; amounts at most 10^9 GPUs or CPUs, weights 10^6, priorities +-10^6, min
+runtimes ten years.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +35,30 @@ import yaml
 from gpupool.core import QueueSpec, QueueTree, ResourceVector
 from gpupool.core.queues import GPU_UNITS, model_resource
 from gpupool.core.units import CPU, MEMORY, parse_milli
-from gpupool.sim.traces.errors import TraceError
+from gpupool.sim.traces.bounds import MAX_MEMORY_MIB, MAX_TIME_S, check_size, name, whole
+from gpupool.sim.traces.errors import TraceError, shown
 
 QUEUE_FIELDS = {"name", "parent", "guaranteed", "limit", "over_quota_weight", "borrow_limit", "lend_limit",
                 "priority", "preempt_min_runtime_s", "reclaim_min_runtime_s"}
+MAX_FILE_BYTES = 1 << 20
+MAX_QUEUES = 1000
+#: GPUs or CPUs in one guarantee or limit; a weight; a priority either way
+MAX_AMOUNT = 10**9
+MAX_WEIGHT = 10**6
+MAX_PRIORITY = 10**6
+#: characters of a YAML integer: a longer one would cost a long conversion for a value no bound admits
+MAX_INT_CHARS = 32
 
 
 class _LineLoader(yaml.SafeLoader):
-    """A safe loader that records the line of every mapping under the key "__line__"."""
+    """A safe loader that records the line of every mapping under the key "__line__", of every sequence item in
+    the list's `lines`, and refuses integers of more than MAX_INT_CHARS characters."""
+
+
+class _Lines(list[Any]):
+    """A YAML sequence, with the line each item starts on."""
+
+    lines: list[int]
 
 
 def _mapping_with_line(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
@@ -48,7 +67,34 @@ def _mapping_with_line(loader: _LineLoader, node: yaml.MappingNode) -> dict[str,
     return mapping
 
 
+def _sequence_with_lines(loader: _LineLoader, node: yaml.SequenceNode) -> _Lines:
+    items = _Lines(loader.construct_sequence(node, deep=True))
+    items.lines = [item.start_mark.line + 1 for item in node.value]
+    return items
+
+
+def _bounded_int(loader: _LineLoader, node: yaml.ScalarNode) -> int:
+    if len(node.value) > MAX_INT_CHARS:
+        raise yaml.constructor.ConstructorError(None, None, f"an integer of {len(node.value)} characters",
+                                                node.start_mark)
+    return int(loader.construct_yaml_int(node))
+
+
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_with_line)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequence_with_lines)
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
+def _milli(value: Any, field: str) -> int:
+    """An amount of GPUs or CPUs ("0.5", 8) in milli-units, at most MAX_AMOUNT whole units."""
+    text = str(value).strip()
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"{field}: {shown(text)} is not a number") from None
+    if number.is_finite() and number.copy_abs() > MAX_AMOUNT:  # parse_milli would build an integer of any size
+        raise ValueError(f"{field}: {shown(text)} is above the maximum {MAX_AMOUNT}")
+    return parse_milli(text, field=field)
 
 
 def _resources(path: str, line: int, field: str, raw: Any) -> ResourceVector:
@@ -56,17 +102,18 @@ def _resources(path: str, line: int, field: str, raw: Any) -> ResourceVector:
         raise TraceError(path, line, field, "must be a mapping like {gpus: 8}")
     amounts: dict[str, int] = {}
     for key, value in raw.items():
+        key = str(key)
         if key == "__line__":
             continue
         try:
             if key == "gpus":
-                amounts[GPU_UNITS] = parse_milli(value, field=f"{field}.gpus")
+                amounts[GPU_UNITS] = _milli(value, f"{field}.gpus")
             elif key.startswith("gpus:"):
-                amounts[model_resource(key.removeprefix("gpus:"))] = parse_milli(value, field=f"{field}.{key}")
+                amounts[model_resource(name(key.removeprefix("gpus:")))] = _milli(value, f"{field}.{key}")
             elif key == "cpus":
-                amounts[CPU] = parse_milli(value, field=f"{field}.cpus")
+                amounts[CPU] = _milli(value, f"{field}.cpus")
             elif key == "memory_mib":
-                amounts[MEMORY] = int(value)
+                amounts[MEMORY] = whole(0, MAX_MEMORY_MIB)(str(value))
             else:
                 raise ValueError(f"{field}.{key}: unknown resource (use gpus, gpus:<model>, cpus, memory_mib)")
         except (ValueError, TypeError) as exc:
@@ -74,40 +121,85 @@ def _resources(path: str, line: int, field: str, raw: Any) -> ResourceVector:
     return ResourceVector(amounts)
 
 
-def _queue(path: str, raw: Any) -> QueueSpec:
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{shown(text)} is not a number of seconds") from None
+    if not 0 <= value <= MAX_TIME_S:
+        raise ValueError(f"{shown(text)} is not within 0..{MAX_TIME_S} seconds")
+    return value
+
+
+#: each scalar field of a queue and its parser (of the value's text)
+_SCALARS = {"name": name, "parent": name, "over_quota_weight": whole(0, MAX_WEIGHT),
+            "priority": whole(-MAX_PRIORITY, MAX_PRIORITY), "preempt_min_runtime_s": _seconds,
+            "reclaim_min_runtime_s": _seconds}
+
+
+def _queue(path: str, line: int, raw: Any) -> QueueSpec:
     if not isinstance(raw, dict):
-        raise TraceError(path, 0, "queues", "each queue must be a mapping")
-    line = raw.get("__line__", 0)
-    unknown = set(raw) - QUEUE_FIELDS - {"__line__"}
+        raise TraceError(path, line, "queues", "each queue must be a mapping")
+    line = raw.get("__line__", line)
+    unknown = {str(k) for k in raw} - QUEUE_FIELDS - {"__line__"}
     if unknown:
         raise TraceError(path, line, sorted(unknown)[0], f"unknown field; known: {', '.join(sorted(QUEUE_FIELDS))}")
-    optional = {k: _resources(path, line, k, raw[k]) for k in ("limit", "borrow_limit", "lend_limit") if k in raw}
+    scalars: dict[str, Any] = {}
+    for field, parse in _SCALARS.items():
+        if raw.get(field) is not None:
+            try:
+                scalars[field] = parse(str(raw[field]))
+            except ValueError as exc:
+                raise TraceError(path, line, field, str(exc)) from None
+    resources = {k: _resources(path, line, k, raw[k]) for k in ("guaranteed", "limit", "borrow_limit", "lend_limit")
+                 if k in raw}
     try:
-        return QueueSpec(
-            name=str(raw.get("name", "")), parent=raw.get("parent"),
-            guaranteed=_resources(path, line, "guaranteed", raw.get("guaranteed", {})), **optional,
-            over_quota_weight=int(raw.get("over_quota_weight", 1)), priority=int(raw.get("priority", 0)),
-            preempt_min_runtime_s=float(raw.get("preempt_min_runtime_s", 0)),
-            reclaim_min_runtime_s=float(raw.get("reclaim_min_runtime_s", 0)))
+        return QueueSpec(**{"name": "", **scalars}, **resources)
     except (ValueError, TypeError) as exc:
         raise TraceError(path, line, "queue", str(exc)) from None
 
 
-def load_queues(path: str | Path) -> QueueTree:
-    """Parse and validate a queue file."""
-    text = Path(path).read_text()
+def _parse(path: Path) -> Any:
+    """The YAML document at `path` (at most MAX_FILE_BYTES); TraceError with the line of whatever is wrong."""
+    check_size(path, MAX_FILE_BYTES)
+    data = path.read_bytes()
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise TraceError(str(path), mark.line + 1 if mark else 0, "-", f"not valid YAML: {exc}") from None
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise TraceError(str(path), data[:exc.start].count(b"\n") + 1, "-", "not UTF-8") from None
+    loader = _LineLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise TraceError(str(path), line, "-", f"not valid YAML: {exc.problem or exc.context}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        problem = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise TraceError(str(path), loader.get_mark().line + 1, "-", f"not valid YAML: {problem}") from None
+    finally:
+        loader.dispose()
+
+
+def load_queues(path: str | Path) -> QueueTree:
+    """Parse and validate a queue file (at most MAX_FILE_BYTES, MAX_QUEUES queues)."""
+    data = _parse(Path(path))
     if not isinstance(data, dict) or not isinstance(data.get("queues"), list) or not data["queues"]:
         raise TraceError(str(path), 1, "queues", "the file needs a non-empty list 'queues'")
-    units = data.get("gpu_units", {}) or {}
-    specs = [_queue(str(path), q) for q in data["queues"]]
+    queues = data["queues"]
+    lines = getattr(queues, "lines", [1] * len(queues))
+    if len(queues) > MAX_QUEUES:
+        raise TraceError(str(path), lines[MAX_QUEUES], "queues", f"more than {MAX_QUEUES} queues")
+    units = data.get("gpu_units") or {}
+    if not isinstance(units, dict):
+        raise TraceError(str(path), data["__line__"], "gpu_units", "must be a mapping like {H100: 2000}")
     try:
-        return QueueTree(specs, {str(k): parse_milli(v, field=f"gpu_units.{k}") for k, v in units.items()
-                                 if k != "__line__"})
+        per_gpu = {name(str(k)): _milli(v, f"gpu_units.{k}") for k, v in units.items() if k != "__line__"}
+    except ValueError as exc:
+        raise TraceError(str(path), units.get("__line__", 1), "gpu_units", str(exc)) from None
+    specs = [_queue(str(path), line, q) for q, line in zip(queues, lines, strict=True)]
+    try:
+        return QueueTree(specs, per_gpu)
     except ValueError as exc:
         raise TraceError(str(path), 1, "queues", str(exc)) from None
 

@@ -204,20 +204,16 @@ def why_pending(job_id: str, who: Caller, db: Db) -> api.PendingReasonOut | None
 @router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse, tags=["jobs"])
 def job_logs(job_id: str, who: Caller, db: Db, request: Request,
              offset: Annotated[int, Query(ge=0)] = 0, task: Annotated[int, Query(ge=0)] = 0) -> PlainTextResponse:
-    """The latest attempt's log of task `task`, from byte `offset`; header X-Next-Offset says where to go on."""
+    """The latest attempt's log of task `task`, from byte `offset`; header X-Next-Offset says where to go on. Bytes
+    cut by the per-attempt cap (the tail is kept) show as one marker line saying how many."""
     job = jobs.scoped_job(db, who, job_id)
     out = jobs.job_out(db, job, with_allocations=True)
     mine = [a for a in out.allocations if a.task_index == task]
     if not mine:
         return PlainTextResponse("", headers={"X-Next-Offset": str(offset), "X-Job-State": job.state})
-    path = request.app.state.hub.log_path(mine[-1].id, mine[-1].attempt)
-    data = b""
-    if path.exists():
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read(1 << 20)
+    data, next_offset = request.app.state.hub.job_logs.read(mine[-1].id, mine[-1].attempt, offset, 1 << 20)
     return PlainTextResponse(data.decode(errors="replace"),
-                             headers={"X-Next-Offset": str(offset + len(data)), "X-Job-State": job.state})
+                             headers={"X-Next-Offset": str(next_offset), "X-Job-State": job.state})
 
 
 @router.get("/nodes", response_model=list[api.NodeOut], tags=["nodes"])

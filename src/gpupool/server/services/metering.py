@@ -11,7 +11,6 @@ twice (I7). Amounts are integers: milli-GPU-seconds, and micro-cents at the mode
 
 from __future__ import annotations
 
-import csv
 import io
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from fastapi import HTTPException
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
+from gpupool.protocol.csvsafe import SafeDictWriter
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Budget, Gpu, Job, LedgerEntry, Node, Price, Project, User
 from gpupool.server.failpoints import failpoint
@@ -135,7 +135,7 @@ def statement(session: Session, principal: Principal, project: str, month: str, 
     rows = [r for r in usage_by_job(session, principal, first, following) if r["project"] == project]
     if fmt == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, ["project", "job", "model", "gpu_hours", "cost"], lineterminator="\n")
+        writer = SafeDictWriter(out, ["project", "job", "model", "gpu_hours", "cost"], lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         writer.writerow({"project": project, "job": "TOTAL", "model": "", "gpu_hours": round(

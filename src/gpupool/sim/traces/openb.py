@@ -1,23 +1,38 @@
 """Readers for the Alibaba GPU cluster trace v2023 ("openb") node and pod CSVs.
 
-Columns and units are those of the trace's README. Every row is validated; the first bad value
-raises `TraceError` naming the file, the line (1 = header) and the column.
+Columns and units are those of the trace's README. Every row is validated within the bounds of `bounds`; the first
+bad value raises `TraceError` naming the file, the line (1 = header) and the column.
 """
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from gpupool.core.model import GpuDevice, NodeSpec, TaskShape
-from gpupool.sim.traces.errors import TraceError
+from gpupool.core.units import MILLI
+from gpupool.sim.traces.bounds import (
+    MAX_CPU_MILLI,
+    MAX_GANG,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_MIB,
+    MAX_NODES,
+    MAX_PODS,
+    MAX_TASKS,
+    MAX_TIME_S,
+    csv_rows,
+    name,
+    whole,
+)
+from gpupool.sim.traces.errors import TraceError, shown
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_OPTIONAL = ("gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+#: columns of seconds on the trace clock, each empty or a whole number in [0, MAX_TIME_S]
+TIME_COLUMNS = ("creation_time", "deletion_time", "scheduled_time", "runtime_limit_s")
 T = TypeVar("T")
 
 
@@ -37,61 +52,40 @@ class Pod:
     user: str = ""
     gang: int = 1
     runtime_limit_s: float | None = None
-
-
-def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with path.open(newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(str(path), 1, "-", "file is empty")
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(str(path), 1, missing[0], f"required column missing (header: {','.join(header)})")
-        for row in reader:
-            line = reader.line_num
-            if len(row) != len(header):
-                raise TraceError(str(path), line, "-", f"expected {len(header)} fields, found {len(row)}")
-            yield line, dict(zip(header, row, strict=True))
+    #: the line of the pod list the pod ends on (0: not read from a file)
+    line: int = field(default=0, compare=False)
 
 
 def _field(path: Path, line: int, row: dict[str, str], column: str, parse: Callable[[str], T]) -> T:
     try:
         return parse(row[column])
     except (ValueError, KeyError) as exc:
-        raise TraceError(str(path), line, column, f"{row.get(column, '')!r}: {exc}") from None
+        raise TraceError(str(path), line, column, str(exc)) from None
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be >= 1")
-    return value
+_cpu = whole(0, MAX_CPU_MILLI)
+_memory = whole(0, MAX_MEMORY_MIB)
+_gpus = whole(0, MAX_GPUS_PER_NODE)
+_gpu_milli = whole(0, MILLI)
+_time = whole(0, MAX_TIME_S)
+_gang = whole(1, MAX_GANG)
 
 
 def _optional_time(text: str) -> int | None:
-    return _count(text) if text.strip() else None
+    return _time(text) if text.strip() else None
 
 
 def read_nodes(path: str | Path) -> list[NodeSpec]:
+    """The nodes of a node list, in file order (at most MAX_NODES, each with at most MAX_GPUS_PER_NODE GPUs)."""
     path = Path(path)
     nodes = []
-    for line, row in _rows(path, NODE_COLUMNS):
-        gpus = _field(path, line, row, "gpu", _count)
-        model = row["model"].strip()
-        if gpus and not model:
-            raise TraceError(str(path), line, "model", "a node with GPUs needs a model")
+    for line, row in csv_rows(path, NODE_COLUMNS, MAX_NODES):
+        gpus = _field(path, line, row, "gpu", _gpus)
+        model = _field(path, line, row, "model", _model) if gpus else row["model"].strip()
         nodes.append(NodeSpec(
-            name=_field(path, line, row, "sn", lambda s: s.strip() or _fail("must not be empty")),
-            cpu_milli=_field(path, line, row, "cpu_milli", _count),
-            memory_mib=_field(path, line, row, "memory_mib", _count),
+            name=_field(path, line, row, "sn", _non_empty),
+            cpu_milli=_field(path, line, row, "cpu_milli", _cpu),
+            memory_mib=_field(path, line, row, "memory_mib", _memory),
             gpus=tuple(GpuDevice(i, model) for i in range(gpus)),
         ))
     if not nodes:
@@ -99,19 +93,30 @@ def read_nodes(path: str | Path) -> list[NodeSpec]:
     return nodes
 
 
-def _fail(message: str) -> str:
-    raise ValueError(message)
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _model(text: str) -> str:
+    if not text.strip():
+        raise ValueError("a node with GPUs needs a model")
+    return name(text.strip())
+
+
+def _models(text: str) -> tuple[str, ...]:
+    return tuple(name(m) for m in text.strip().split("|") if m)
 
 
 def _shape(path: Path, line: int, row: dict[str, str]) -> TaskShape:
-    spec = row.get("gpu_spec", "").strip()
     try:
         return TaskShape(
-            cpu_milli=_field(path, line, row, "cpu_milli", _count),
-            memory_mib=_field(path, line, row, "memory_mib", _count),
-            gpu_count=_field(path, line, row, "num_gpu", _count),
-            gpu_milli=_field(path, line, row, "gpu_milli", _count),
-            gpu_models=tuple(m for m in spec.split("|") if m) if spec else (),
+            cpu_milli=_field(path, line, row, "cpu_milli", _cpu),
+            memory_mib=_field(path, line, row, "memory_mib", _memory),
+            gpu_count=_field(path, line, row, "num_gpu", _gpus),
+            gpu_milli=_field(path, line, row, "gpu_milli", _gpu_milli),
+            gpu_models=_field(path, line, row, "gpu_spec", _models) if "gpu_spec" in row else (),
         )
     except ValueError as exc:
         if isinstance(exc, TraceError):
@@ -122,33 +127,40 @@ def _shape(path: Path, line: int, row: dict[str, str]) -> TaskShape:
 
 
 def read_pods(path: str | Path) -> list[Pod]:
-    """The pods of a trace, in file order. Pods of equal shape share one `TaskShape` object (a trace of thousands
-    of pods has about a hundred shapes), so the scheduler's many lookups by shape find it by identity instead of
-    comparing it field by field."""
+    """The pods of a trace, in file order (at least one; at most MAX_PODS, of MAX_TASKS tasks in all). Pods of
+    equal shape share one `TaskShape` object (a trace of thousands of pods has about a hundred shapes), so the
+    scheduler's many lookups by shape find it by identity instead of comparing it field by field."""
     path = Path(path)
     pods: list[Pod] = []
     names: set[str] = set()
     shapes: dict[TaskShape, TaskShape] = {}
-    for line, row in _rows(path, POD_COLUMNS):
-        name = row["name"].strip()
-        if not name or name in names:
-            raise TraceError(str(path), line, "name", f"{name!r}: must be non-empty and unique")
-        names.add(name)
+    tasks = 0
+    for line, row in csv_rows(path, POD_COLUMNS, MAX_PODS):
+        pod_name = row["name"].strip()
+        if not pod_name or pod_name in names:
+            raise TraceError(str(path), line, "name", f"{shown(pod_name)}: must be non-empty and unique")
+        names.add(pod_name)
         pods.append(Pod(
-            name=name,
+            name=pod_name,
             shape=shapes.setdefault(shape := _shape(path, line, row), shape),
             qos=row.get("qos", ""),
             phase=row.get("pod_phase", ""),
-            creation_time=_field(path, line, row, "creation_time", _optional_time) if "creation_time" in row else None,
-            deletion_time=_field(path, line, row, "deletion_time", _optional_time) if "deletion_time" in row else None,
-            scheduled_time=(_field(path, line, row, "scheduled_time", _optional_time)
-                            if "scheduled_time" in row else None),
-            queue=row.get("queue", "").strip(), user=row.get("user", "").strip(),
-            gang=_field(path, line, row, "gang", _positive) if row.get("gang", "").strip() else 1,
-            runtime_limit_s=(_field(path, line, row, "runtime_limit_s", _optional_time)
-                             if "runtime_limit_s" in row else None),
+            **{column: _field(path, line, row, column, _optional_time) for column in TIME_COLUMNS if column in row},
+            queue=_field(path, line, row, "queue", _queue) if "queue" in row else "",
+            user=row.get("user", "").strip(),
+            gang=_field(path, line, row, "gang", _gang) if row.get("gang", "").strip() else 1,
+            line=line,
         ))
+        tasks += pods[-1].gang
+        if tasks > MAX_TASKS:
+            raise TraceError(str(path), line, "gang", f"the gangs so far add up to more than {MAX_TASKS} tasks")
+    if not pods:
+        raise TraceError(str(path), 1, "-", "no pods")
     return pods
+
+
+def _queue(text: str) -> str:
+    return name(text.strip()) if text.strip() else ""
 
 
 def pod_duration(pod: Pod) -> int:
@@ -163,6 +175,6 @@ def require_times(path: str | Path, pods: list[Pod]) -> None:
     for line, pod in enumerate(pods, start=2):
         for column in ("creation_time", "deletion_time"):
             if getattr(pod, column) is None:
-                raise TraceError(str(path), line, column, "time-based replay needs this column")
+                raise TraceError(str(path), pod.line or line, column, "time-based replay needs this column")
         if pod.deletion_time < pod.creation_time:  # type: ignore[operator]
-            raise TraceError(str(path), line, "deletion_time", "is before creation_time")
+            raise TraceError(str(path), pod.line or line, "deletion_time", "is before creation_time")
