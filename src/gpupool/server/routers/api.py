@@ -15,7 +15,7 @@ from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
 from gpupool.server.db.engine import Database
 from gpupool.server.failpoints import failpoint
-from gpupool.server.services import cluster, jobs, tenancy
+from gpupool.server.services import ceilings, cluster, jobs, tenancy
 
 router = APIRouter(prefix="/api/v1")
 T = TypeVar("T")
@@ -69,6 +69,16 @@ def create_org(body: api.OrgCreate, who: Caller, db: Db) -> api.OrgOut:
 @router.get("/orgs", response_model=list[api.OrgOut], tags=["tenancy"])
 def list_orgs(who: Caller, db: Db) -> list[api.OrgOut]:
     return tenancy.list_orgs(db, who)
+
+
+@router.get("/orgs/{name}/ceiling", response_model=api.OrgCeilingOut, tags=["tenancy"])
+def org_ceiling(name: str, who: Caller, db: Db) -> api.OrgCeilingOut:
+    return ceilings.get(db, who, name)
+
+
+@router.put("/orgs/{name}/ceiling", response_model=api.OrgCeilingOut, tags=["tenancy"])
+def set_org_ceiling(name: str, body: api.OrgCeiling, who: Caller, db: Db) -> api.OrgCeilingOut:
+    return ceilings.put(db, who, name, body)
 
 
 @router.post("/projects", response_model=api.ProjectOut, status_code=201, tags=["tenancy"])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from sqlalchemy import select
@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
-from gpupool.server.db.models import Budget, ClusterSample, Price, Project, QueueRow
+from gpupool.server.db.models import Budget, ClusterSample, Price, Project, ResourcePrice
+from gpupool.server.db.repositories import find_queue, upsert
 from gpupool.server.services import metering
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
@@ -30,13 +31,30 @@ Db = Annotated[Session, Depends(_session, scope="function")]
 
 @router.put("/prices", response_model=api.PriceSet)
 def set_price(body: api.PriceSet, who: Caller, db: Db) -> api.PriceSet:
+    """Set a GPU model's price (one upsert: concurrent first prices of a model each succeed, the last one stays)."""
     require(who, "operator")
-    row = db.get(Price, body.model)
-    if row is None:
-        db.add(Price(model=body.model, cents_per_gpu_hour=body.cents_per_gpu_hour))
-    else:
-        row.cents_per_gpu_hour = body.cents_per_gpu_hour
+    upsert(db, Price.__table__, body.model_dump(), ["model"], _taking("cents_per_gpu_hour"))
     return body
+
+
+@router.get("/resource-prices", response_model=list[api.ResourcePriceSet])
+def list_resource_prices(who: Caller, db: Db) -> list[api.ResourcePriceSet]:
+    """Cents per CPU-core-hour and per GiB-hour of memory, the defaults where no operator set one."""
+    require(who, "viewer")
+    return [api.ResourcePriceSet(resource=r, cents_per_hour=c)  # type: ignore[arg-type]
+            for r, c in sorted(metering.resource_prices(db).items())]
+
+
+@router.put("/resource-prices", response_model=api.ResourcePriceSet)
+def set_resource_price(body: api.ResourcePriceSet, who: Caller, db: Db) -> api.ResourcePriceSet:
+    require(who, "operator")
+    upsert(db, ResourcePrice.__table__, body.model_dump(), ["resource"], _taking("cents_per_hour"))
+    return body
+
+
+def _taking(column: str) -> Callable[[Any], dict[str, Any]]:
+    """An upsert's change that sets `column` to the value that did not go in."""
+    return lambda excluded: {column: excluded[column]}
 
 
 @router.get("/prices", response_model=list[api.PriceSet])
@@ -61,7 +79,7 @@ def create_budget(body: api.BudgetCreate, who: Caller, db: Db) -> api.BudgetOut:
     if body.scope == "project":
         target = db.scalar(select(Project).where(Project.name == body.name, Project.org_id == who.org_id))
     else:
-        target = db.scalar(select(QueueRow).where(QueueRow.name == body.name))
+        target = find_queue(db, who.org_id, body.name)
         if target is not None and not who.is_operator and target.org_id != who.org_id:
             target = None
     if target is None:
