@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -29,11 +30,21 @@ def _session(request: Request) -> Iterator[Session]:
 Db = Annotated[Session, Depends(_session, scope="function")]
 
 
+async def _upserted(request: Request, table: Any, values: dict[str, Any], key: str, column: str) -> None:
+    """One upsert (repositories.upsert) setting `column`, committed in the worker thread that ran it: the row lock
+    it takes is released there (a commit left to a later thread could wait for one behind requests waiting on it)."""
+    def work() -> None:
+        with request.app.state.db.session() as session:
+            upsert(session, table, values, [key], _taking(column))
+
+    await anyio.to_thread.run_sync(work)
+
+
 @router.put("/prices", response_model=api.PriceSet)
-def set_price(body: api.PriceSet, who: Caller, db: Db) -> api.PriceSet:
+async def set_price(body: api.PriceSet, who: Caller, request: Request) -> api.PriceSet:
     """Set a GPU model's price (one upsert: concurrent first prices of a model each succeed, the last one stays)."""
     require(who, "operator")
-    upsert(db, Price.__table__, body.model_dump(), ["model"], _taking("cents_per_gpu_hour"))
+    await _upserted(request, Price.__table__, body.model_dump(), "model", "cents_per_gpu_hour")
     return body
 
 
@@ -46,9 +57,9 @@ def list_resource_prices(who: Caller, db: Db) -> list[api.ResourcePriceSet]:
 
 
 @router.put("/resource-prices", response_model=api.ResourcePriceSet)
-def set_resource_price(body: api.ResourcePriceSet, who: Caller, db: Db) -> api.ResourcePriceSet:
+async def set_resource_price(body: api.ResourcePriceSet, who: Caller, request: Request) -> api.ResourcePriceSet:
     require(who, "operator")
-    upsert(db, ResourcePrice.__table__, body.model_dump(), ["resource"], _taking("cents_per_hour"))
+    await _upserted(request, ResourcePrice.__table__, body.model_dump(), "resource", "cents_per_hour")
     return body
 
 
