@@ -48,7 +48,7 @@ def add(session: Session, entries: Iterable[LedgerEntry]) -> None:
         key = tags_key(e.tags)
         tags[key] = e.tags
         total = sums[(day_of(e.start), e.org_id, e.project_id, e.user_id, e.queue, e.model, key)]
-        total.update({amount: getattr(e, amount) for amount in AMOUNTS})
+        total.update({amount: getattr(e, amount) or 0 for amount in AMOUNTS})  # or 0: not flushed yet
         total["entries"] += 1
     table = UsageDaily.__table__
     for (day, org, project, user, queue, model, key), total in sums.items():
