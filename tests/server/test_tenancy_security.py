@@ -19,6 +19,10 @@ Each backend prints one S17 figure line, gathered from the tests' parts (gpupool
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -337,3 +341,28 @@ def test_concurrent_upserts_never_answer_500(world: World) -> None:
 def _errors(statuses: Counter[int]) -> int:
     """Answers that are server errors: 5xx, less 503 (busy, retry)."""
     return sum(n for status, n in statuses.items() if status >= 500 and status != 503)
+
+
+# the CLI of these settings ---------------------------------------------------------------------------------------
+
+
+def _cli(world: World, *args: str) -> str:
+    """`gpupool ARGS...` as the operator; its output."""
+    env = {**os.environ, "GPUPOOL_URL": world.server.url, "GPUPOOL_TOKEN": world.server.token}
+    done = subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_operators_set_ceilings_and_resource_prices_with_the_cli(world: World) -> None:
+    if world.backend != "sqlite":
+        pytest.skip("the CLI speaks HTTP only: one backend shows it")
+    org = world.tenant("cli").org
+    _cli(world, "org", "ceiling", org, "--guaranteed-gpus", "4", "--limit-gpus", "8")
+    shown = json.loads(_cli(world, "org", "ceiling", org, "--weight", "3", "--max-priority", "5", "--json"))
+    assert (shown["guaranteed"]["gpus"], shown["limit"], shown["over_quota_weight"], shown["max_priority"]) == (
+        "4", {"gpus": "8", "per_model": {}}, 3, 5), shown  # the parts not given stay
+    assert "7 cents per CPU-core-hour" in _cli(world, "price", "cpu", "7")
+    prices = {p["what"]: p["cents_per_hour"] for p in json.loads(_cli(world, "price", "list", "--json"))}
+    assert prices["cpu"] == 7 and prices["memory"] > 0, prices
