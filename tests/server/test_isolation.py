@@ -699,3 +699,37 @@ def test_a_project_budget_counts_and_holds_only_its_own_tenants_project(tmp_path
         assert budget_use(session, budgets[0], now) == (0, 0)
         assert budget_use(session, budgets[1], now) == (1, 100)
         assert list(exhausted_hard_budgets(session, now)) == [("project", twins[1].id)]
+
+
+def test_a_queue_budget_counts_and_holds_only_its_own_tenants_queue(tmp_path: Path) -> None:
+    """Queue names are per organisation: two tenants each with a queue "twin", globex's spending neither shows in
+    nor exhausts acme's budget, and globex's exhausted budget holds globex's "twin" only (the scheduler keys holds by
+    the core's queue key, which names the organisation)."""
+    from gpupool.server.db.engine import Database, migrate
+    from gpupool.server.db.models import Budget, LedgerEntry, Org, Project, QueueRow
+    from gpupool.server.services import rollup
+    from gpupool.server.services.metering import budget_use, exhausted_hard_budgets
+
+    db = Database(f"sqlite:///{tmp_path / 'budgets.db'}")
+    migrate(db.url)
+    now = datetime.now(UTC)
+    with db.session() as session:
+        orgs = [Org(name="acme"), Org(name="globex")]
+        session.add_all(orgs)
+        session.flush()
+        session.add_all([QueueRow(name="twin", org_id=org.id, guaranteed={}) for org in orgs])
+        project = Project(org_id=orgs[1].id, name="lab")
+        session.add(project)
+        session.flush()
+        entry = LedgerEntry(source_key="globex-1", org_id=orgs[1].id, project_id=project.id, user_id="u",
+                            queue="twin", job_id="j", allocation_id="a", model="A100", start=now, end=now,
+                            gpu_milli=1000, gpu_milli_seconds=3_600_000, cost_micro_cents=10**8, tags={})
+        session.add(entry)
+        rollup.add(session, [entry])
+        budgets = [Budget(org_id=org.id, scope="queue", name="twin", period="month", gpu_hours=0.5, hard=True)
+                   for org in orgs]
+        session.add_all(budgets)
+        session.flush()
+        assert budget_use(session, budgets[0], now) == (0, 0)
+        assert budget_use(session, budgets[1], now) == (1, 100)
+        assert list(exhausted_hard_budgets(session, now)) == [("queue", "globex:twin")]
