@@ -45,7 +45,7 @@ test: lint system-deps
 # migration kill point, longer disk-full holds) and the security tests of §3.2 that print figure lines. Every figure
 # line the tests print lands in reports/reliability.md.
 FIGURES := reports/.figures.txt
-SECURITY := tests/server/test_isolation.py tests/server/test_fuzz.py tests/server/test_security.py \
+SECURITY := tests/server/test_isolation.py tests/server/test_fuzz.py tests/server/test_security.py tests/server/test_tenancy_security.py \
   tests/server/test_untrusted_input.py tests/server/test_workload_isolation.py tests/agent/test_runtime_container.py \
   tests/agent/test_toolkit_gate.py tests/agent/test_gpu_visibility.py tests/core/test_share_groups.py \
   tests/reliability/test_launch_inputs.py tests/agent/test_launch_refusal.py \

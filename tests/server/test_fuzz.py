@@ -160,6 +160,9 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "join_token": "abcdef.0123456789abcdef", "name": "n1", "boot_id": "b", "cpu_milli": 1000, "memory_mib": 1024,
         "gpus": [{"index": 0, "uuid": "GPU-1", "model": "A100", "memory_mib": 40_960}]},
     ("PUT /api/v1/prices", ""): {"model": "A100", "cents_per_gpu_hour": 100},
+    ("PUT /api/v1/resource-prices", ""): {"resource": "cpu", "cents_per_hour": 4},
+    ("PUT /api/v1/orgs/{name}/ceiling", ""): {"max_priority": 0},
+    ("PUT /api/v1/orgs/{name}/ceiling", "guaranteed"): {"guaranteed": {"gpus": "1"}},
     ("POST /api/v1/budgets", ""): {"scope": "project", "name": "default", "gpu_hours": 10},
 }
 # Server-owned names a client might try to set (S3), and a plain typo.

@@ -9,10 +9,10 @@ job holds a GPU, has a log line and metered usage).
 S1: a tenant admin and a member of B try every route against A's objects. Nothing succeeds on them; no answer
 carries one of A's ids or log lines, or an object of A's organisation; A's state (as A's admin reads it) does
 not change; and every answer equals the answer for a ghost tenant whose objects do not exist, so A's ids and
-names cannot be enumerated (one known exception is marked `oracle` and xfails). S2: every role (viewer, member,
-project admin, tenant admin, operator, agent, anonymous) against every route on its own tenant, against the
-table ROWS. `test_every_route_has_an_isolation_case_and_a_role_row` fails on a route of the spec missing from
-either table, so a new route cannot slip in untested.
+names cannot be enumerated (a known exception would be marked `oracle` and xfail; none is left). S2: every role
+(viewer, member, project admin, tenant admin, operator, agent, anonymous) against every route on its own tenant,
+against the table ROWS. `test_every_route_has_an_isolation_case_and_a_role_row` fails on a route of the spec missing
+from either table, so a new route cannot slip in untested.
 
 Each backend prints the S1 and S2 figure lines of RELIABILITY.md §3.3 with what the tests counted: every test
 leaves its numbers as a part (gpupool.devtools.figures.Parts), and the test leaving the last part prints the line.
@@ -321,9 +321,6 @@ CASES = [
          lambda c, t, w: c.post("/queues", json={"name": "spy-q", "org": t.org}), 404, 403),
     Case("POST /api/v1/queues", "under A's queue",
          lambda c, t, w: c.post("/queues", json={"name": "spy-q", "parent": t.queue}), 422, 403),
-    Case("POST /api/v1/queues", "A's queue name",
-         lambda c, t, w: c.post("/queues", json={"name": t.queue}), 409, 403,
-         oracle="queue names are cluster-wide, so B learns that A's queue name is taken (409, not 201)"),
     Case("POST /api/v1/jobs", "into A's project",
          lambda c, t, w: c.post("/jobs", json={**_held_job_body(w), "project": t.project}), 404, 404),
     Case("POST /api/v1/jobs", "into A's queue",
@@ -382,6 +379,15 @@ CASES = [
     Case("GET /api/v1/cluster/samples", "cluster figures", lambda c, t, w: c.get("/cluster/samples"), 200, 200),
     Case("GET /api/v1/audit", "A's organisation's requests",
          lambda c, t, w: c.get("/audit", params={"org": t.org}), 403, 403),
+    Case("GET /api/v1/orgs/{name}/ceiling", "A's", lambda c, t, w: c.get(f"/orgs/{t.org}/ceiling"), 404, 404),
+    Case("PUT /api/v1/orgs/{name}/ceiling", "raise A's", lambda c, t, w: c.put(
+        f"/orgs/{t.org}/ceiling", json={"guaranteed": {"gpus": "64"}}), 403, 403),
+    Case("GET /api/v1/resource-prices", "list", lambda c, t, w: c.get("/resource-prices"), 200, 200),
+    Case("PUT /api/v1/resource-prices", "price A's CPUs",
+         lambda c, t, w: c.put("/resource-prices", json={"resource": "cpu", "cents_per_hour": 0}), 403, 403),
+    # last: from here on B has a queue of A's queue's name (names are per organisation), and B's jobs go there
+    Case("POST /api/v1/queues", "A's queue name (B gets one of its own)",
+         lambda c, t, w: c.post("/queues", json={"name": t.queue, "over_quota_weight": 0}), 201, 403),
 ]
 CALLERS = ("tenant-admin", "member")
 S1_PARTS = ["routes"] + [f"case {i} as {caller}" for i in range(len(CASES)) for caller in CALLERS]
@@ -523,8 +529,16 @@ class Row:
 
 
 def _own_job(c: httpx.Client, column: str, w: World) -> str:
-    """A job of the caller's own (roles that cannot submit get one of A's tenant admin's)."""
-    return w.held_job(c) if column in ("member", "project-admin", "tenant-admin", "operator") else w.held_job()
+    """A job of the caller's own (roles that cannot submit get one of A's tenant admin's); the operator's is in its
+    own organisation's queue (queue names are per organisation)."""
+    if column == "operator":
+        return str(_ok(c.post("/jobs", json={"command": ["true"], "gpus": "8", "queue": "default"}), 201)["id"])
+    return w.held_job(c) if column in ("member", "project-admin", "tenant-admin") else w.held_job()
+
+
+def _queue_of(column: str) -> str:
+    """The queue a role submits to: A's, or for the operator (of organisation "default") its own."""
+    return "default" if column == "operator" else "acme-q"
 
 
 def _own_token(c: httpx.Client, column: str, w: World) -> str:
@@ -542,6 +556,10 @@ USERS = (200,) * 5  # every user role
 ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonymous
     Row("GET /api/v1/whoami", "", lambda c, r, w: c.get("/whoami"), (*USERS, 200, 401)),
     Row("GET /api/v1/orgs", "", lambda c, r, w: c.get("/orgs"), (*USERS, 200, 401)),
+    Row("GET /api/v1/orgs/{name}/ceiling", "its own organisation's", lambda c, r, w: c.get("/orgs/acme/ceiling"),
+        (*USERS, 403, 401)),
+    Row("PUT /api/v1/orgs/{name}/ceiling", "the default one", lambda c, r, w: c.put("/orgs/acme/ceiling", json={}),
+        (403, 403, 403, 403, 200, 403, 401)),
     Row("POST /api/v1/orgs", "", lambda c, r, w: c.post("/orgs", json={"name": unique("org")}),
         (403, 403, 403, 403, 201, 403, 401)),
     Row("GET /api/v1/projects", "", lambda c, r, w: c.get("/projects"), (*USERS, 200, 401)),
@@ -564,10 +582,14 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
     Row("POST /api/v1/sessions", "", lambda c, r, w: c.post("/sessions"), (201, 201, 201, 201, 201, 403, 401)),
     Row("DELETE /api/v1/sessions/current", "one's own session", _log_out, (204, 204, 204, 204, 204, 404, 401)),
     Row("GET /api/v1/queues", "", lambda c, r, w: c.get("/queues"), (*USERS, 403, 401)),
-    Row("POST /api/v1/queues", "a top-level queue with a guarantee", lambda c, r, w: c.post("/queues", json={
-        "name": unique("q"), "org": "acme", "guaranteed": {"gpus": "1"}}), (403, 403, 403, 201, 201, 403, 401)),
-    Row("POST /api/v1/jobs", "", lambda c, r, w: c.post("/jobs", json={
-        "command": ["true"], "gpus": "8", "queue": "acme-q"}), (403, 201, 201, 201, 201, 403, 401)),
+    Row("POST /api/v1/queues", "a top-level queue within its organisation's ceiling", lambda c, r, w: c.post(
+        "/queues", json={"name": unique("q"), "org": "acme", "over_quota_weight": 0}),
+        (403, 403, 403, 201, 201, 403, 401)),
+    Row("POST /api/v1/queues", "a top-level queue with a guarantee above its organisation's ceiling",
+        lambda c, r, w: c.post("/queues", json={"name": unique("q"), "org": "acme", "guaranteed": {"gpus": "1"},
+                                                "over_quota_weight": 0}), (403, 403, 403, 403, 201, 403, 401)),
+    Row("POST /api/v1/jobs", "into the queue of one's organisation", lambda c, r, w: c.post("/jobs", json={
+        "command": ["true"], "gpus": "8", "queue": _queue_of(r)}), (403, 201, 201, 201, 201, 403, 401)),
     Row("GET /api/v1/jobs", "", lambda c, r, w: c.get("/jobs"), (*USERS, 200, 401)),
     Row("GET /api/v1/jobs/{job_id}", "", lambda c, r, w: c.get(f"/jobs/{w.held_job()}"), (*USERS, 404, 401)),
     Row("POST /api/v1/jobs/{job_id}/cancel", "someone else's job",
@@ -596,9 +618,13 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
     Row("GET /api/v1/prices", "", lambda c, r, w: c.get("/prices"), (*USERS, 403, 401)),
     Row("PUT /api/v1/prices", "", lambda c, r, w: c.put("/prices", json={"model": "H100", "cents_per_gpu_hour": 250}),
         (403, 403, 403, 403, 200, 403, 401)),
+    Row("GET /api/v1/resource-prices", "", lambda c, r, w: c.get("/resource-prices"), (*USERS, 403, 401)),
+    Row("PUT /api/v1/resource-prices", "", lambda c, r, w: c.put("/resource-prices", json={
+        "resource": "memory", "cents_per_hour": 1}), (403, 403, 403, 403, 200, 403, 401)),
     Row("GET /api/v1/budgets", "", lambda c, r, w: c.get("/budgets"), (*USERS, 403, 401)),
-    Row("POST /api/v1/budgets", "on a fresh queue of A's", lambda c, r, w: c.post("/budgets", json={
-        "scope": "queue", "name": w.fresh_queue(), "gpu_hours": 5}), (403, 403, 403, 201, 201, 403, 401)),
+    Row("POST /api/v1/budgets", "on a fresh queue of A's (an operator's budget is in its own organisation)",
+        lambda c, r, w: c.post("/budgets", json={"scope": "queue", "name": w.fresh_queue(), "gpu_hours": 5}),
+        (403, 403, 403, 201, 404, 403, 401)),
     Row("GET /api/v1/usage", "", lambda c, r, w: c.get("/usage"), (*USERS, 403, 401)),
     Row("GET /api/v1/usage/statement", "", lambda c, r, w: c.get("/usage/statement", params={
         "project": "acme-lab", "month": MONTH}), (*USERS, 403, 401)),
@@ -689,3 +715,37 @@ def test_a_project_budget_counts_and_holds_only_its_own_tenants_project(tmp_path
         assert budget_use(session, budgets[0], now) == (0, 0)
         assert budget_use(session, budgets[1], now) == (1, 100)
         assert list(exhausted_hard_budgets(session, now)) == [("project", twins[1].id)]
+
+
+def test_a_queue_budget_counts_and_holds_only_its_own_tenants_queue(tmp_path: Path) -> None:
+    """Queue names are per organisation: two tenants each with a queue "twin", globex's spending neither shows in
+    nor exhausts acme's budget, and globex's exhausted budget holds globex's "twin" only (the scheduler keys holds by
+    the core's queue key, which names the organisation)."""
+    from gpupool.server.db.engine import Database, migrate
+    from gpupool.server.db.models import Budget, LedgerEntry, Org, Project, QueueRow
+    from gpupool.server.services import rollup
+    from gpupool.server.services.metering import budget_use, exhausted_hard_budgets
+
+    db = Database(f"sqlite:///{tmp_path / 'budgets.db'}")
+    migrate(db.url)
+    now = datetime.now(UTC)
+    with db.session() as session:
+        orgs = [Org(name="acme"), Org(name="globex")]
+        session.add_all(orgs)
+        session.flush()
+        session.add_all([QueueRow(name="twin", org_id=org.id, guaranteed={}) for org in orgs])
+        project = Project(org_id=orgs[1].id, name="lab")
+        session.add(project)
+        session.flush()
+        entry = LedgerEntry(source_key="globex-1", org_id=orgs[1].id, project_id=project.id, user_id="u",
+                            queue="twin", job_id="j", allocation_id="a", model="A100", start=now, end=now,
+                            gpu_milli=1000, gpu_milli_seconds=3_600_000, cost_micro_cents=10**8, tags={})
+        session.add(entry)
+        rollup.add(session, [entry])
+        budgets = [Budget(org_id=org.id, scope="queue", name="twin", period="month", gpu_hours=0.5, hard=True)
+                   for org in orgs]
+        session.add_all(budgets)
+        session.flush()
+        assert budget_use(session, budgets[0], now) == (0, 0)
+        assert budget_use(session, budgets[1], now) == (1, 100)
+        assert list(exhausted_hard_budgets(session, now)) == [("queue", "globex:twin")]

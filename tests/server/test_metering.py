@@ -1,5 +1,5 @@
 """The metering ledger on a real SQLite database: period-aligned entries, whole periods for running work,
-idempotent re-runs, exact balance against the allocation interval (I7)."""
+idempotent re-runs, exact balance against the allocation interval (I7), CPU and memory priced beside GPUs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 
 from gpupool.server.check import check_ledger, check_rollup
 from gpupool.server.db.engine import Database, migrate
-from gpupool.server.db.models import Allocation, Job, LedgerEntry, Node, Org, Project, User
-from gpupool.server.services.metering import meter
+from gpupool.server.db.models import Allocation, Job, LedgerEntry, Node, Org, Price, Project, ResourcePrice, User
+from gpupool.server.services.metering import DEFAULT_RESOURCE_CENTS, meter
 from gpupool.server.services.rollup import totals
 
 T0 = datetime(2026, 11, 2, 9, 40, tzinfo=UTC)
@@ -113,3 +113,22 @@ def test_usage_over_any_window_equals_the_ledger_summed_directly(db: Database, b
             lo, hi = T0 + timedelta(hours=lo_h), T0 + timedelta(hours=hi_h)
             direct = sum(e.gpu_milli_seconds for e in entries if lo <= e.start.replace(tzinfo=UTC) < hi)
             assert sum(r[2] for r in totals(s, lo, hi, by)) == direct, (lo_h, hi_h)
+
+
+def test_cpu_and_memory_are_metered_and_priced_like_gpus(db: Database) -> None:
+    """An allocation's CPU and memory are billed over the same intervals as its GPUs, at the CPU-core-hour and
+    GiB-hour prices (the operator's, else the defaults), in exact integers; the checks of I7 still balance."""
+    with db.session() as s:
+        allocation = s.get(Allocation, "a")
+        assert allocation is not None
+        allocation.cpu_milli, allocation.memory_mib = 2500, 3072
+        s.add_all([ResourcePrice(resource="cpu", cents_per_hour=36), Price(model="", cents_per_gpu_hour=0)])
+    with db.session() as s:
+        meter(s, T0 + timedelta(hours=2, minutes=30))  # 12:10: 09:40-10:00, 10-11, 11-12
+        assert check_ledger(s) == [] and check_rollup(s) == []
+        entries = list(s.scalars(select(LedgerEntry).order_by(LedgerEntry.start)))
+    seconds = [1200, 3600, 3600]
+    assert [(e.cpu_milli_seconds, e.memory_mib_seconds) for e in entries] == [(2500 * t, 3072 * t) for t in seconds]
+    memory_cents = DEFAULT_RESOURCE_CENTS["memory"]  # 1 cent per GiB-hour: 3 GiB cost 3 cents an hour
+    assert [e.cost_micro_cents for e in entries] == [
+        2500 * t * 36 * 10**6 // 3_600_000 + 3072 * t * memory_cents * 10**6 // (1024 * 3600) for t in seconds]

@@ -1,4 +1,5 @@
-"""Operator commands: the audit log (public HTTP API) and master-key rotation (on the control plane's host)."""
+"""Operator commands: the audit log and organisation ceilings (public HTTP API), and master-key rotation (on the
+control plane's host)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import typer
 from gpupool.cli.client import ApiError, Client
 from gpupool.cli.cluster import fail
 from gpupool.cli.render import show
+
+org_app = typer.Typer(no_args_is_help=True, help="Organisations: what their tenant admins may grant (operators).")
 
 AUDIT_COLUMNS = [("at", "at"), ("actor", "actor_name"), ("kind", "actor_kind"), ("token", "token_prefix"),
                  ("org", "org"), ("method", "method"), ("route", "route"), ("object", "object_id"),
@@ -57,3 +60,48 @@ def rotate_master_key(data_dir: Path = typer.Option(Path("gpupool-data"), help="
         if value:
             args += [flag, str(value)]
     os.execv(sys.executable, args)
+
+
+@org_app.command("ceiling")
+def org_ceiling(name: str,
+                guaranteed_gpus: str | None = typer.Option(None, help="the most its top-level queues guarantee"),
+                guaranteed_cpus: str | None = typer.Option(None),
+                guaranteed_memory_mib: int | None = typer.Option(None),
+                limit_gpus: str | None = typer.Option(None, help="every queue's limit must be at most this"),
+                no_limit: bool = typer.Option(False, "--no-limit", help="no cap on queues' limits"),
+                weight: int | None = typer.Option(None, help="the most its top-level queues' weights add up to"),
+                max_priority: int | None = typer.Option(None, help="the highest priority of any of its queues"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show an organisation's ceiling, or (operators) change the parts given: what its tenant admins may grant its
+    queues. Without one: no guarantee, any limit, weight 1, priority at most 0."""
+    client = Client()
+    try:
+        current = client.get(f"/orgs/{name}/ceiling")
+        body = _ceiling_body(current, guaranteed_gpus, guaranteed_cpus, guaranteed_memory_mib, limit_gpus, no_limit,
+                             weight, max_priority)
+        if body is not None:
+            current = client.request("PUT", f"/orgs/{name}/ceiling", json=body).json()
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(current if as_json else [current], as_json, CEILING_COLUMNS, title=f"ceiling of {name}")
+
+
+CEILING_COLUMNS = [("guaranteed", "guaranteed"), ("limit", "limit"), ("weight", "over_quota_weight"),
+                   ("max priority", "max_priority"), ("granted", "granted_guaranteed"),
+                   ("granted weight", "granted_over_quota_weight")]
+
+
+def _ceiling_body(current: dict[str, Any], gpus: str | None, cpus: str | None, memory_mib: int | None,
+                  limit_gpus: str | None, no_limit: bool, weight: int | None,
+                  max_priority: int | None) -> dict[str, Any] | None:
+    """The whole ceiling to PUT: `current` with the given parts changed; None when none is given."""
+    given = {"gpus": gpus, "cpus": cpus, "memory_mib": memory_mib}
+    if all(v is None for v in (*given.values(), limit_gpus, weight, max_priority)) and not no_limit:
+        return None
+    limit = None if no_limit else current["limit"]
+    if limit_gpus is not None:
+        limit = {**(limit or {}), "gpus": limit_gpus}
+    return {"guaranteed": {**current["guaranteed"], **{k: v for k, v in given.items() if v is not None}},
+            "limit": limit, "over_quota_weight": current["over_quota_weight"] if weight is None else weight,
+            "max_priority": current["max_priority"] if max_priority is None else max_priority}

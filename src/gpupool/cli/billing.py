@@ -15,14 +15,15 @@ from gpupool.cli.render import console, show
 from gpupool.protocol.csvsafe import SafeWriter
 
 budget_app = typer.Typer(no_args_is_help=True, help="GPU-hour or money budgets per project or queue.")
-price_app = typer.Typer(no_args_is_help=True, help="Prices per GPU model (operators).")
+price_app = typer.Typer(no_args_is_help=True, help="Prices per GPU model, CPU-core-hour and GiB-hour (operators).")
+USAGE_COLUMNS = ("gpu_hours", "cpu_hours", "memory_gib_hours", "cost", "entries")
 
 
 def usage(start: str | None = typer.Option(None, "--from", help="ISO date, default 30 days ago"),
           end: str | None = typer.Option(None, "--to", help="ISO date, default now"),
           by: str = typer.Option("project", help="project, user, queue, model, job or tag:<key>"),
           fmt: str = typer.Option("table", "--format", help="table, csv or json")) -> None:
-    """GPU-hours and cost from the metering ledger, grouped."""
+    """GPU-hours, CPU-core-hours, memory GiB-hours and cost from the metering ledger, grouped."""
     if fmt not in ("table", "csv", "json"):
         raise typer.BadParameter("choose table, csv or json", param_hint="--format")
     try:
@@ -33,11 +34,12 @@ def usage(start: str | None = typer.Option(None, "--from", help="ISO date, defau
     if fmt == "csv":
         out = io.StringIO()
         writer = SafeWriter(out, lineterminator="\n")
-        writer.writerow(["key", "gpu_hours", "cost", "entries"])
-        writer.writerows([r["key"], r["gpu_hours"], r["cost"], r["entries"]] for r in rows)
+        writer.writerow(["key", *USAGE_COLUMNS])
+        writer.writerows([r["key"], *(r.get(k, "") for k in USAGE_COLUMNS)] for r in rows)
         console.out(out.getvalue(), highlight=False, end="")
         return
-    show(rows, fmt == "json", [(by, "key"), ("GPU-hours", "gpu_hours"), ("cost", "cost"), ("entries", "entries")],
+    show(rows, fmt == "json", [(by, "key"), ("GPU-hours", "gpu_hours"), ("CPU-core-hours", "cpu_hours"),
+                               ("memory GiB-hours", "memory_gib_hours"), ("cost", "cost"), ("entries", "entries")],
          title="usage")
 
 
@@ -85,6 +87,42 @@ def price_set(model: str, cents_per_gpu_hour: int) -> None:
         console.print(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
     except ApiError as exc:
         fail(exc)
+
+
+@price_app.command("cpu")
+def price_cpu(cents_per_core_hour: int) -> None:
+    """The price of one CPU core for an hour, in cents."""
+    _resource_price("cpu", cents_per_core_hour, "CPU-core-hour")
+
+
+@price_app.command("memory")
+def price_memory(cents_per_gib_hour: int) -> None:
+    """The price of one GiB of memory for an hour, in cents."""
+    _resource_price("memory", cents_per_gib_hour, "GiB-hour")
+
+
+def _resource_price(resource: str, cents: int, unit: str) -> None:
+    try:
+        Client().request("PUT", "/resource-prices", json={"resource": resource, "cents_per_hour": cents})
+        console.print(f"{resource}: {cents} cents per {unit}")
+    except ApiError as exc:
+        fail(exc)
+
+
+@price_app.command("list")
+def price_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every price: per GPU model (per GPU-hour), per CPU-core-hour and per GiB-hour of memory."""
+    try:
+        client = Client()
+        rows = [{"what": p["model"], "cents_per_hour": p["cents_per_gpu_hour"], "per": "GPU-hour"}
+                for p in client.get("/prices")]
+        rows += [{"what": p["resource"], "cents_per_hour": p["cents_per_hour"],
+                  "per": "CPU-core-hour" if p["resource"] == "cpu" else "GiB-hour"} for p in client.get(
+            "/resource-prices")]
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(rows, as_json, [("what", "what"), ("cents", "cents_per_hour"), ("per", "per")], title="prices")
 
 
 def check(database_url: str = typer.Option(..., help="the control plane's database URL")) -> None:

@@ -209,8 +209,9 @@ def job_deny(job_id: str, note: str = typer.Option("")) -> None:
 def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     """Queues with guarantees, usage, fair share and pending jobs."""
     try:
-        show(Client().get("/queues"), as_json, [("queue", "name"), ("parent", "parent"), ("guaranteed", "guaranteed"),
-                                                ("limit", "limit"), ("used GPUs", "used_gpus"),
+        show(Client().get("/queues"), as_json, [("queue", "name"), ("org", "org"), ("parent", "parent"),
+                                                ("guaranteed", "guaranteed"), ("limit", "limit"),
+                                                ("used GPUs", "used_gpus"),
                                                 ("fair share", "fair_share_gpus"), ("pending", "pending_jobs"),
                                                 ("running", "running_jobs")], title="queues")
     except ApiError as exc:

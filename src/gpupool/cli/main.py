@@ -28,6 +28,7 @@ app.add_typer(billing.budget_app, name="budget")
 app.add_typer(billing.price_app, name="price")
 app.command()(billing.check)
 app.command()(admin.audit)
+app.add_typer(admin.org_app, name="org")
 app.command("rotate-master-key")(admin.rotate_master_key)
 
 

@@ -106,6 +106,31 @@ class OrgOut(_Response):
     name: str
 
 
+class OrgCeiling(_Request):
+    """What an organisation's tenant admins may grant its queues; operators set it, and only operators grant beyond
+    it. Its top-level queues (those whose parent is not a queue of its own) share the cluster with other
+    organisations: their guarantees and over-quota weights add up under the ceiling. The defaults are a new
+    organisation's ceiling: no guarantee, any limit, over-quota weight 1, priority at most 0."""
+
+    guaranteed: Resources = Field(default_factory=Resources, description=(
+        "the most its top-level queues guarantee together (and any one of its queues)"))
+    limit: Resources | None = Field(default=None, description=(
+        "every queue's limit must set each of these resources, at most to these amounts; null: no cap"))
+    over_quota_weight: int = Field(default=1, ge=0, le=1000, description=(
+        "the most its top-level queues' over-quota weights add up to (and any one queue's)"))
+    max_priority: int = Field(default=0, ge=-1000, le=1000, description="the highest priority of any of its queues")
+
+
+class OrgCeilingOut(_Response):
+    org: str
+    guaranteed: dict[str, Any]
+    limit: dict[str, Any] | None
+    over_quota_weight: int
+    max_priority: int
+    granted_guaranteed: dict[str, Any] = Field(description="what its top-level queues guarantee together now")
+    granted_over_quota_weight: int = Field(description="their over-quota weights added up")
+
+
 class ProjectCreate(_Request):
     name: str = Field(pattern=NAME)
     org: str | None = Field(default=None, description="organisation name (operators only)")
@@ -438,6 +463,11 @@ MAX_BUDGET_GPU_HOURS = 1e9  # in one period: beyond any cluster
 MAX_BUDGET_CENTS = (1 << 31) - 1  # the database's integer column
 
 
+class ResourcePriceSet(_Request):
+    resource: Literal["cpu", "memory"] = Field(description="cpu: per CPU-core-hour; memory: per GiB-hour")
+    cents_per_hour: int = Field(ge=0, le=10_000_000)
+
+
 class BudgetCreate(_Request):
     """A budget of GPU-hours or cents per period: a finite amount above 0 and within the bounds above (JSON's `1e999`
     arrives as infinity, which would be a budget never used up)."""
@@ -498,6 +528,8 @@ class BudgetOut(_Response):
 class UsageOut(_Response):
     key: str
     gpu_hours: float
+    cpu_hours: float = Field(default=0, description="CPU-core-hours")
+    memory_gib_hours: float = 0
     cost: float
     entries: int
 

@@ -43,7 +43,7 @@ from gpupool.server.agent_listener import AgentListener
 from gpupool.server.auth import principal_from, require
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job
-from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, job_spec
+from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, QueueIndex, job_spec
 from gpupool.server.keyring import Keyring
 from gpupool.server.metrics import Metrics
 from gpupool.server.routers import api, sessions, usage
@@ -82,12 +82,13 @@ def _write_admin_token(settings: Settings, token: str) -> None:
 def _load_cache(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
     hub.reload_nodes()
     with db.session() as session:
+        queues = QueueIndex.load(session)
         for allocation in session.scalars(select(Allocation).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
             job = session.get(Job, allocation.job_id)
             node = next((e for e in cache.nodes.values() if e.node_id == allocation.node_id), None)
             if job is None or node is None:
                 continue
-            spec = job_spec(job)
+            spec = job_spec(job, queues.key(job.org_id, job.queue))
             shares = tuple(DeviceShare(i, m, mem) for i, m, mem in allocation.shares)
             slots = tuple((s.gpu_id, s.slot) for s in session.scalars(select(AllocationSlot).where(
                 AllocationSlot.allocation_id == allocation.id, AllocationSlot.released_at.is_(None))))

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Allocation, AllocationSlot, Job, LedgerEntry, UsageDaily
 from gpupool.server.services.metering import aware, milliseconds
-from gpupool.server.services.rollup import day_of, tags_key
+from gpupool.server.services.rollup import AMOUNTS, day_of, tags_key
 
 OPEN_END = datetime.max.replace(tzinfo=UTC)
 
@@ -74,7 +74,9 @@ def check_ledger(session: Session) -> list[str]:
     by_job: dict[str, list[tuple[datetime, datetime, str]]] = defaultdict(list)
     for entry in session.scalars(select(LedgerEntry)):
         start, end = aware(entry.start), aware(entry.end)
-        if entry.gpu_milli_seconds != entry.gpu_milli * milliseconds(start, end) // 1000:
+        held = (entry.gpu_milli, entry.cpu_milli, entry.memory_mib)
+        if (entry.gpu_milli_seconds, entry.cpu_milli_seconds, entry.memory_mib_seconds) != tuple(
+                amount * milliseconds(start, end) // 1000 for amount in held):
             out.append(f"I7: ledger {entry.source_key} amount does not follow from its interval")
         allocation = allocations.get(entry.allocation_id)
         if allocation is not None and allocation.released_at is not None and end > aware(allocation.released_at):
@@ -97,16 +99,16 @@ def check_ledger(session: Session) -> list[str]:
 def check_rollup(session: Session) -> list[str]:
     """I7 for reports: usage_daily holds exactly the ledger's sums per (day, org, project, user, queue, model,
     tags)."""
-    expected: dict[tuple[object, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    expected: dict[tuple[object, ...], list[int]] = defaultdict(lambda: [0] * (len(AMOUNTS) + 1))
     for entry in session.scalars(select(LedgerEntry)):
         key = (day_of(aware(entry.start)), entry.org_id, entry.project_id, entry.user_id, entry.queue, entry.model,
                tags_key(entry.tags))
         total = expected[key]
-        total[0] += entry.gpu_milli_seconds
-        total[1] += entry.cost_micro_cents
-        total[2] += 1
+        for i, amount in enumerate(AMOUNTS):
+            total[i] += getattr(entry, amount)
+        total[-1] += 1
     found = {(day_of(aware(r.day)), r.org_id, r.project_id, r.user_id, r.queue, r.model, r.tags_key):
-             [r.gpu_milli_seconds, r.cost_micro_cents, r.entries] for r in session.scalars(select(UsageDaily))}
+             [*(getattr(r, a) for a in AMOUNTS), r.entries] for r in session.scalars(select(UsageDaily))}
     return [f"I7: daily usage {key[0]:%Y-%m-%d} {key[2]}/{key[4]} holds {found.get(key)} but the ledger sums to {sums}"
             for key, sums in expected.items() if found.get(key) != sums] + [
             f"I7: daily usage {key[0]:%Y-%m-%d} {key[2]}/{key[4]} has no ledger entries" for key in found

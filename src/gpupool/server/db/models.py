@@ -3,8 +3,10 @@
 Invariants enforced by the database itself (RELIABILITY.md §2.1):
 - I1: a GPU slot (one tenth of a GPU) has at most one open allocation: a unique partial index on
   (gpu_id, slot) WHERE released_at IS NULL;
-- I3: one job per (organisation, idempotency key): a unique constraint;
-- names are unique where people type them (organisations, projects within one, queues, nodes).
+- I3: one job per (project, user, idempotency key): a unique constraint, so a key reused by someone else makes a
+  new job instead of revealing the other one;
+- names are unique where people type them (organisations, projects and queues within one, shared queues (of no
+  organisation) among themselves, nodes).
 - the audit table is append-only: triggers refuse UPDATE and DELETE on it (migration 0003).
 """
 
@@ -49,6 +51,8 @@ class Org(Base):
     __tablename__ = "orgs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(64), unique=True)
+    #: what its tenant admins may grant its queues (api.OrgCeiling as a dict), set by operators; None: the default
+    ceiling: Mapped[dict[str, Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -98,9 +102,15 @@ class JoinToken(Base):
 
 
 class QueueRow(Base):
+    """A queue; `name` is unique within its organisation, and among shared queues (`org_id` None) by a partial index.
+    `parent` is a queue name as seen from `org_id`: the organisation's own queue of that name, else a shared one."""
+
     __tablename__ = "queues"
+    __table_args__ = (UniqueConstraint("org_id", "name", name="uq_queues_org_name"),
+                      Index("uq_queues_shared_name", "name", unique=True, sqlite_where=text("org_id IS NULL"),
+                            postgresql_where=text("org_id IS NULL")))
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(64))
     org_id: Mapped[str | None] = mapped_column(ForeignKey("orgs.id"), index=True)
     parent: Mapped[str | None] = mapped_column(String(64))
     guaranteed: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -118,7 +128,8 @@ class QueueRow(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("org_id", "idempotency_key"), Index("ix_jobs_state", "state"))
+    __table_args__ = (UniqueConstraint("project_id", "user_id", "idempotency_key", name="uq_jobs_idempotency"),
+                      Index("ix_jobs_state", "state"))
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     seq: Mapped[int] = mapped_column(Integer, index=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
@@ -250,6 +261,14 @@ class Price(Base):
     cents_per_gpu_hour: Mapped[int] = mapped_column()
 
 
+class ResourcePrice(Base):
+    """What one hour of a CPU core ("cpu") or of a GiB of memory ("memory") costs, in cents."""
+
+    __tablename__ = "resource_prices"
+    resource: Mapped[str] = mapped_column(String(16), primary_key=True)
+    cents_per_hour: Mapped[int] = mapped_column()
+
+
 class UsageDaily(Base):
     """The ledger summed per UTC day (of each entry's start) and (organisation, project, user, queue, model, tags):
     derived, written in the same transaction as the ledger entries it sums, so reports over whole days read
@@ -268,6 +287,8 @@ class UsageDaily(Base):
     tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
     tags_key: Mapped[str] = mapped_column(String(512))
     gpu_milli_seconds: Mapped[int] = mapped_column(BigInteger)
+    cpu_milli_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    memory_mib_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     cost_micro_cents: Mapped[int] = mapped_column(BigInteger)
     entries: Mapped[int] = mapped_column()
 
@@ -275,8 +296,10 @@ class UsageDaily(Base):
 class LedgerEntry(Base):
     """Append-only usage: one row per allocation and metering period, unique by `source_key`.
 
-    `gpu_milli_seconds` is milli-GPU held x seconds (fractions count as they were granted); `cost_micro_cents`
-    is that times the model's price, in millionths of a cent, so sums stay exact integers.
+    `gpu_milli_seconds` is milli-GPU held x seconds (fractions count as they were granted), `cpu_milli_seconds` and
+    `memory_mib_seconds` the same for the allocation's CPU and memory; `cost_micro_cents` is each times its price
+    (the model's per GPU-hour, per CPU-core-hour, per GiB-hour), summed, in millionths of a cent, so sums stay exact
+    integers.
     """
 
     __tablename__ = "ledger"
@@ -295,6 +318,10 @@ class LedgerEntry(Base):
     end: Mapped[datetime] = mapped_column()
     gpu_milli: Mapped[int] = mapped_column()
     gpu_milli_seconds: Mapped[int] = mapped_column(BigInteger)
+    cpu_milli: Mapped[int] = mapped_column(default=0, server_default="0")
+    cpu_milli_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    memory_mib: Mapped[int] = mapped_column(default=0, server_default="0")
+    memory_mib_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     cost_micro_cents: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

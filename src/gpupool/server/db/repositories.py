@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, event, func, select
+from sqlalchemy import bindparam, event, func, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -15,7 +16,7 @@ from gpupool.core import GpuDevice, JobSpec, NodeSpec, QueueSpec, QueueTree, Res
 from gpupool.core.queues import GPU_UNITS, model_resource
 from gpupool.core.units import CPU, MEMORY
 from gpupool.protocol.api import gpus_to_milli
-from gpupool.server.db.models import Allocation, Gpu, Job, Node, QueueRow
+from gpupool.server.db.models import Allocation, Gpu, Job, Node, Org, QueueRow
 
 OPEN_ALLOCATION_STATES = ("starting", "running", "stopping")
 JOB_SEQ_LOCK = 0x67706A6F62736571  # "gpjobseq": the PostgreSQL advisory lock that serialises job numbering
@@ -78,15 +79,16 @@ def job_shape(spec: dict[str, Any], share_group: str = "") -> TaskShape:
                      has_image=bool(spec.get("image")))
 
 
-def job_spec(row: Job, shapes: dict[TaskShape, TaskShape] | None = None) -> JobSpec:
-    """The job as the scheduling core sees it. With `shapes`, a shape equal to one in it is replaced by that one
-    object (and a new one added), so that the core's lookups by shape find it by identity."""
+def job_spec(row: Job, queue: str, shapes: dict[TaskShape, TaskShape] | None = None) -> JobSpec:
+    """The job as the scheduling core sees it, in the core's `queue` (QueueIndex.key). With `shapes`, a shape equal
+    to one in it is replaced by that one object (and a new one added), so that the core's lookups by shape find it
+    by identity."""
     shape = job_shape(row.spec, share_group=row.org_id)
     if shapes is not None:
         shape = shapes.setdefault(shape, shape)
     tasks = tuple(TaskSpec(f"{row.id}/{i}", shape) for i in range(int(row.spec["tasks"])))
     limit = row.spec.get("runtime_limit_s")
-    return JobSpec(row.id, tasks, queue=row.queue, min_tasks=int(row.spec.get("min_tasks") or len(tasks)),
+    return JobSpec(row.id, tasks, queue=queue, min_tasks=int(row.spec.get("min_tasks") or len(tasks)),
                    priority=row.priority, submitted_at=float(row.seq), preemptible=row.preemptible,
                    runtime_limit_s=float(limit) if limit else None, user=row.user_id)
 
@@ -113,12 +115,79 @@ def resources(raw: dict[str, Any] | None) -> ResourceVector | None:
     return ResourceVector(amounts)
 
 
+def queue_key(org_name: str | None, name: str) -> str:
+    """The scheduling core's name of a queue. Queue names are unique within an organisation and among shared queues
+    (of no organisation), and NAME has no ':', so an organisation's queue is "org:name" and a shared one "name"."""
+    return name if org_name is None else f"{org_name}:{name}"
+
+
+class QueueIndex:
+    """Every queue, and what a queue name means as seen from an organisation: its own queue of that name, else a
+    shared one (a job's `queue`, a queue's `parent`). The API shows plain names; the core sees `queue_key`s."""
+
+    def __init__(self, rows: Sequence[QueueRow], orgs: dict[str, str]) -> None:
+        self.rows, self.orgs = rows, orgs
+        self._by_name = {(r.org_id, r.name): r for r in rows}
+
+    @classmethod
+    def load(cls, session: Session) -> QueueIndex:
+        rows = session.scalars(select(QueueRow).order_by(QueueRow.name, QueueRow.org_id)).all()
+        return cls(rows, {org_id: name for org_id, name in session.execute(select(Org.id, Org.name))})
+
+    def find(self, org_id: str | None, name: str) -> QueueRow | None:
+        """The queue `name` names for organisation `org_id` (None: among shared queues only)."""
+        return self._by_name.get((org_id, name)) or self._by_name.get((None, name))
+
+    def row_key(self, row: QueueRow) -> str:
+        return queue_key(self.orgs.get(row.org_id) if row.org_id else None, row.name)
+
+    def key(self, org_id: str, name: str) -> str:
+        """The core's name of the queue a job of `org_id` names; for a queue that does not exist, a key no queue
+        has (the core then reports the job's queue unknown)."""
+        row = self.find(org_id, name)
+        return self.row_key(row) if row is not None else queue_key(self.orgs.get(org_id, org_id), name)
+
+    def parent(self, row: QueueRow) -> QueueRow | None:
+        return None if row.parent is None else self.find(row.org_id, row.parent)
+
+    def children(self, row: QueueRow) -> list[QueueRow]:
+        return [r for r in self.rows if r.parent == row.name and self.parent(r) is row]
+
+    def _parent_key(self, row: QueueRow) -> str | None:
+        if row.parent is None:
+            return None
+        parent = self.parent(row)
+        if parent is None:  # a key no queue has: the tree refuses it, naming the parent
+            return queue_key(self.orgs.get(row.org_id) if row.org_id else None, row.parent)
+        return self.row_key(parent)
+
+    def tree(self) -> QueueTree:
+        """The queue tree (ValueError naming the queue when it is not a valid one: a missing parent, a cycle)."""
+        return QueueTree(QueueSpec(
+            self.row_key(r), self._parent_key(r), resources(r.guaranteed) or ResourceVector(), resources(r.limit),
+            r.over_quota_weight, resources(r.borrow_limit), resources(r.lend_limit), r.priority,
+            r.preempt_min_runtime_s, r.reclaim_min_runtime_s) for r in self.rows)
+
+
+def find_queue(session: Session, org_id: str | None, name: str) -> QueueRow | None:
+    """QueueIndex.find in one query: organisation `org_id`'s own queue `name`, else the shared one."""
+    return session.scalar(select(QueueRow).where(
+        QueueRow.name == name, or_(QueueRow.org_id == org_id, QueueRow.org_id.is_(None))).order_by(
+        QueueRow.org_id.is_(None)).limit(1))
+
+
 def queue_tree(session: Session) -> QueueTree:
-    rows = session.scalars(select(QueueRow).order_by(QueueRow.name)).all()
-    specs = [QueueSpec(r.name, r.parent, resources(r.guaranteed) or ResourceVector(), resources(r.limit),
-                       r.over_quota_weight, resources(r.borrow_limit), resources(r.lend_limit), r.priority,
-                       r.preempt_min_runtime_s, r.reclaim_min_runtime_s) for r in rows]
-    return QueueTree(specs)
+    return QueueIndex.load(session).tree()
+
+
+def upsert(session: Session, table: Any, values: dict[str, Any], keys: Sequence[str],
+           changes: Callable[[Any], dict[str, Any]]) -> None:
+    """INSERT `values`, or where a row with the same `keys` (a unique index's columns) exists, UPDATE it with
+    `changes(excluded)` (`excluded` names the values that did not go in): one statement, so writers racing on one
+    key each succeed in turn instead of one meeting a unique violation (PostgreSQL's and SQLite's ON CONFLICT)."""
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    statement = insert(table).values(**values)
+    session.execute(statement.on_conflict_do_update(index_elements=list(keys), set_=changes(statement.excluded)))
 
 
 def pending_job_ids(session: Session, limit: int = 5000) -> list[str]:

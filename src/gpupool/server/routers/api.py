@@ -15,7 +15,7 @@ from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
 from gpupool.server.db.engine import Database
 from gpupool.server.failpoints import failpoint
-from gpupool.server.services import cluster, jobs, tenancy
+from gpupool.server.services import ceilings, cluster, jobs, tenancy
 
 router = APIRouter(prefix="/api/v1")
 T = TypeVar("T")
@@ -39,17 +39,20 @@ async def _session(request: Request) -> AsyncIterator[Session]:
         await anyio.to_thread.run_sync(transaction.__exit__, None, None, None)
 
 
-async def _in_one_call(db: Database, work: Callable[[Session], T], after_commit: str) -> T:
+async def _in_one_call(db: Database, work: Callable[[Session], T], after_commit: str | None = None) -> T:
     """`work(session)` in one transaction, committed before the response, like a route with `Db`; but the work and
-    the commit run in one worker-thread call (one thread hop, not two: the hot path, POST /jobs). The failpoint
-    `after_commit` is reached after the commit. A client that hangs up does not interrupt the call."""
+    the commit run in one worker-thread call (one thread hop, not two: the hot path, POST /jobs). A row lock the
+    work takes is so released in the thread that took it: with `Db`, requests waiting on the lock could hold every
+    worker thread while the commit that releases it waits for one. The failpoint `after_commit`, if any, is
+    reached after the commit. A client that hangs up does not interrupt the call."""
     return await anyio.to_thread.run_sync(_work_and_commit, db, work, after_commit)
 
 
-def _work_and_commit(db: Database, work: Callable[[Session], T], after_commit: str) -> T:
+def _work_and_commit(db: Database, work: Callable[[Session], T], after_commit: str | None) -> T:
     with db.session() as session:
         out = work(session)
-    failpoint(after_commit)
+    if after_commit:
+        failpoint(after_commit)
     return out
 
 
@@ -69,6 +72,16 @@ def create_org(body: api.OrgCreate, who: Caller, db: Db) -> api.OrgOut:
 @router.get("/orgs", response_model=list[api.OrgOut], tags=["tenancy"])
 def list_orgs(who: Caller, db: Db) -> list[api.OrgOut]:
     return tenancy.list_orgs(db, who)
+
+
+@router.get("/orgs/{name}/ceiling", response_model=api.OrgCeilingOut, tags=["tenancy"])
+def org_ceiling(name: str, who: Caller, db: Db) -> api.OrgCeilingOut:
+    return ceilings.get(db, who, name)
+
+
+@router.put("/orgs/{name}/ceiling", response_model=api.OrgCeilingOut, tags=["tenancy"])
+async def set_org_ceiling(name: str, body: api.OrgCeiling, who: Caller, request: Request) -> api.OrgCeilingOut:
+    return await _in_one_call(request.app.state.db, lambda session: ceilings.put(session, who, name, body))
 
 
 @router.post("/projects", response_model=api.ProjectOut, status_code=201, tags=["tenancy"])
@@ -115,8 +128,8 @@ def create_join_token(body: api.JoinTokenCreate, who: Caller, db: Db, request: R
 
 
 @router.post("/queues", response_model=api.QueueOut, status_code=201, tags=["queues"])
-def create_queue(body: api.QueueCreate, who: Caller, db: Db, request: Request) -> api.QueueOut:
-    out = cluster.create_queue(db, who, body)
+async def create_queue(body: api.QueueCreate, who: Caller, request: Request) -> api.QueueOut:
+    out = await _in_one_call(request.app.state.db, lambda session: cluster.create_queue(session, who, body))
     request.app.state.scheduler.wake()
     return out
 

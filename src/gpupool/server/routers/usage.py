@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -13,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
-from gpupool.server.db.models import Budget, ClusterSample, Price, Project, QueueRow
+from gpupool.server.db.models import Budget, ClusterSample, Price, Project, ResourcePrice
+from gpupool.server.db.repositories import find_queue, upsert
 from gpupool.server.services import metering
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
@@ -28,15 +30,42 @@ def _session(request: Request) -> Iterator[Session]:
 Db = Annotated[Session, Depends(_session, scope="function")]
 
 
+async def _upserted(request: Request, table: Any, values: dict[str, Any], key: str, column: str) -> None:
+    """One upsert (repositories.upsert) setting `column`, committed in the worker thread that ran it: the row lock
+    it takes is released there (a commit left to a later thread could wait for one behind requests waiting on it)."""
+    def work() -> None:
+        with request.app.state.db.session() as session:
+            upsert(session, table, values, [key], _taking(column))
+
+    await anyio.to_thread.run_sync(work)
+
+
 @router.put("/prices", response_model=api.PriceSet)
-def set_price(body: api.PriceSet, who: Caller, db: Db) -> api.PriceSet:
+async def set_price(body: api.PriceSet, who: Caller, request: Request) -> api.PriceSet:
+    """Set a GPU model's price (one upsert: concurrent first prices of a model each succeed, the last one stays)."""
     require(who, "operator")
-    row = db.get(Price, body.model)
-    if row is None:
-        db.add(Price(model=body.model, cents_per_gpu_hour=body.cents_per_gpu_hour))
-    else:
-        row.cents_per_gpu_hour = body.cents_per_gpu_hour
+    await _upserted(request, Price.__table__, body.model_dump(), "model", "cents_per_gpu_hour")
     return body
+
+
+@router.get("/resource-prices", response_model=list[api.ResourcePriceSet])
+def list_resource_prices(who: Caller, db: Db) -> list[api.ResourcePriceSet]:
+    """Cents per CPU-core-hour and per GiB-hour of memory, the defaults where no operator set one."""
+    require(who, "viewer")
+    return [api.ResourcePriceSet(resource=r, cents_per_hour=c)  # type: ignore[arg-type]
+            for r, c in sorted(metering.resource_prices(db).items())]
+
+
+@router.put("/resource-prices", response_model=api.ResourcePriceSet)
+async def set_resource_price(body: api.ResourcePriceSet, who: Caller, request: Request) -> api.ResourcePriceSet:
+    require(who, "operator")
+    await _upserted(request, ResourcePrice.__table__, body.model_dump(), "resource", "cents_per_hour")
+    return body
+
+
+def _taking(column: str) -> Callable[[Any], dict[str, Any]]:
+    """An upsert's change that sets `column` to the value that did not go in."""
+    return lambda excluded: {column: excluded[column]}
 
 
 @router.get("/prices", response_model=list[api.PriceSet])
@@ -61,7 +90,7 @@ def create_budget(body: api.BudgetCreate, who: Caller, db: Db) -> api.BudgetOut:
     if body.scope == "project":
         target = db.scalar(select(Project).where(Project.name == body.name, Project.org_id == who.org_id))
     else:
-        target = db.scalar(select(QueueRow).where(QueueRow.name == body.name))
+        target = find_queue(db, who.org_id, body.name)
         if target is not None and not who.is_operator and target.org_id != who.org_id:
             target = None
     if target is None:

@@ -6,7 +6,8 @@ index scan), and loads the rows of the ids it has not seen before; ids no longer
 reads then grow with the jobs submitted since the last cycle, not with the whole backlog: with 5,000 pending jobs on
 PostgreSQL, 8 ms per cycle instead of 280 ms (the rows loaded and converted every cycle, holding the interpreter
 lock that the API's threads wait on). Jobs of equal task shape share one shape object, which the core's lookups
-by shape then find by identity.
+by shape then find by identity. A job's queue is the core's key of the queue its name meant for its organisation
+when it was first read (repositories.QueueIndex): queue names are unique only within an organisation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from gpupool.core import JobSpec, TaskShape
-from gpupool.server.db.repositories import job_spec, pending_job_ids, pending_rows
+from gpupool.server.db.repositories import QueueIndex, job_spec, pending_job_ids, pending_rows
 
 #: the most pending jobs one cycle considers, oldest first
 LIMIT = 5000
@@ -43,8 +44,11 @@ class PendingJobs:
         unseen = [job_id for job_id in ids if job_id not in self._known]
         if len(self._shapes) > SHAPES_KEPT:
             self._shapes = {}
-        for row in pending_rows(session, unseen) if unseen else ():
-            self._known[row.id] = Pending(job_spec(row, self._shapes), row.project_id)
+        if unseen:
+            queues = QueueIndex.load(session)
+            for row in pending_rows(session, unseen):
+                self._known[row.id] = Pending(job_spec(row, queues.key(row.org_id, row.queue), self._shapes),
+                                              row.project_id)
         self._known = {job_id: self._known[job_id] for job_id in ids if job_id in self._known}
         return list(self._known.values())
 

@@ -14,7 +14,8 @@ from gpupool.protocol import api
 from gpupool.protocol.devices import GpuTelemetry
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Gpu, Job, Node, Org, Project, QueueRow, User
-from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, queue_tree
+from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, QueueIndex
+from gpupool.server.services import ceilings
 from gpupool.server.services.tenancy import org_for
 
 
@@ -22,16 +23,24 @@ def _resources(raw: api.Resources | None) -> dict[str, object] | None:
     return None if raw is None else raw.model_dump(exclude_none=True)
 
 
+#: the states of jobs that hold a queue: a queue with one of them cannot become a parent (jobs live in leaves)
+HOLDING_STATES = ("pending", "scheduled", "running")
+
+
 def create_queue(session: Session, principal: Principal, body: api.QueueCreate) -> api.QueueOut:
-    """Operators create any queue; tenant admins create queues of their organisation under existing parents."""
+    """Operators create any queue (of an organisation, or shared with `org` unset); tenant admins create queues of
+    their organisation, at the top or under its own queues, within its ceiling (services.ceilings). Names are
+    unique within an organisation and among shared queues, and no organisation's queue takes a shared queue's
+    name: a 409 names only a queue the caller can see."""
     require(principal, "tenant-admin")
     org = org_for(session, principal, body.org) if (body.org or not principal.is_operator) else None
-    if body.parent is not None:
-        parent = session.scalar(select(QueueRow).where(QueueRow.name == body.parent))
-        if parent is None or (not principal.is_operator and parent.org_id not in (None, principal.org_id)):
-            raise HTTPException(422, f"parent: queue {body.parent!r} not found")
-        if session.scalar(select(Job.id).where(Job.queue == parent.name, Job.state.in_(("pending", "running")))):
-            raise HTTPException(409, f"parent: queue {body.parent!r} holds jobs; a parent queue cannot")
+    if org is not None and not principal.is_operator:
+        ceilings.lock(session, org)
+    index = QueueIndex.load(session)
+    parent = _parent(session, principal, index, org, body.parent)
+    if org is not None and not principal.is_operator:
+        ceilings.check(org, index, body, parent)
+    _name_free(index, org, body.name)
     threshold = api.gpus_to_milli(body.approval_above_gpus) if body.approval_above_gpus is not None else None
     row = QueueRow(name=body.name, org_id=org.id if org else None, parent=body.parent,
                    guaranteed=_resources(body.guaranteed) or {}, limit=_resources(body.limit),
@@ -42,35 +51,75 @@ def create_queue(session: Session, principal: Principal, body: api.QueueCreate) 
     session.add(row)
     try:
         session.flush()
-        queue_tree(session)  # the whole tree must stay valid
+        QueueIndex.load(session).tree()  # the whole tree must stay valid
     except IntegrityError:
         raise HTTPException(409, f"queue {body.name!r} exists") from None
     except ValueError as exc:
         raise HTTPException(422, f"queue: {exc}") from None
-    return _queue_out(session, row, {}, {})
+    return _queue_out(session, row, "", {}, {}, {})
+
+
+def _parent(session: Session, principal: Principal, index: QueueIndex, org: Org | None,
+            name: str | None) -> QueueRow | None:
+    """The queue `name` names as the new queue's parent: the organisation's own, else a shared one (a shared
+    queue's parent is shared). 422 when there is none; 403 when a tenant admin names a shared one; 409 when it
+    holds jobs."""
+    if name is None:
+        return None
+    parent = index.find(org.id if org else None, name)
+    if parent is None:
+        raise HTTPException(422, f"parent: queue {name!r} not found")
+    if parent.org_id is None and org is not None and not principal.is_operator:
+        raise HTTPException(403, f"parent: {name!r} is a shared queue; only an operator puts a queue under it")
+    holding = select(Job.id).where(Job.queue == parent.name, Job.state.in_(HOLDING_STATES))
+    if parent.org_id is not None:
+        holding = holding.where(Job.org_id == parent.org_id)
+    if session.scalar(holding.limit(1)):
+        raise HTTPException(409, f"parent: queue {name!r} holds jobs; a parent queue cannot")
+    return parent
+
+
+def _name_free(index: QueueIndex, org: Org | None, name: str) -> None:
+    """409 when the new queue's name is taken where the caller looks: in its organisation, or by a shared queue
+    (which every tenant sees); a shared queue's name must be free in every organisation (operators see all)."""
+    if org is not None:
+        taken = index.find(org.id, name)
+        if taken is not None:
+            shared = " (a shared queue)" if taken.org_id is None else ""
+            raise HTTPException(409, f"queue {name!r} exists{shared}")
+        return
+    owners = sorted(index.orgs.get(r.org_id, "") if r.org_id else "" for r in index.rows if r.name == name)
+    if owners:
+        where = ", ".join(f"organisation {o!r}" if o else "shared" for o in owners)
+        raise HTTPException(409, f"queue {name!r} exists ({where})")
 
 
 def list_queues(session: Session, principal: Principal, fair_shares: dict[str, int]) -> list[api.QueueOut]:
+    """The queues the caller sees (its organisation's and the shared ones; operators: all), with usage, jobs and
+    fair share; `fair_shares` is keyed by the scheduling core's queue keys (repositories.queue_key)."""
+    index = QueueIndex.load(session)
     used: Counter[str] = Counter()
     counts: Counter[tuple[str, str]] = Counter()
-    for job in session.scalars(select(Job).where(Job.state.in_(("pending", "scheduled", "running")))):
-        counts[(job.queue, "pending" if job.state == "pending" else "running")] += 1
-    for alloc, queue in session.execute(select(Allocation, Job.queue).join(Job, Job.id == Allocation.job_id).where(
-            Allocation.state.in_(OPEN_ALLOCATION_STATES))):
-        used[queue] += alloc.gpu_milli
-    rows = session.scalars(select(QueueRow).order_by(QueueRow.name))
-    visible = [r for r in rows if principal.is_operator or r.org_id in (None, principal.org_id)]
-    return [_queue_out(session, r, used, counts, fair_shares.get(r.name, 0)) for r in visible]
+    for org_id, queue, state in session.execute(select(Job.org_id, Job.queue, Job.state).where(
+            Job.state.in_(HOLDING_STATES))):
+        counts[(index.key(org_id, queue), "pending" if state == "pending" else "running")] += 1
+    for milli, org_id, queue in session.execute(select(Allocation.gpu_milli, Job.org_id, Job.queue).join(
+            Job, Job.id == Allocation.job_id).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+        used[index.key(org_id, queue)] += milli
+    visible = [r for r in index.rows if principal.is_operator or r.org_id in (None, principal.org_id)]
+    return [_queue_out(session, r, index.row_key(r), used, counts, fair_shares) for r in visible]
 
 
-def _queue_out(session: Session, row: QueueRow, used: Counter[str] | dict[str, int],
-               counts: Counter[tuple[str, str]] | dict[tuple[str, str], int], fair: int = 0) -> api.QueueOut:
+def _queue_out(session: Session, row: QueueRow, key: str, used: Counter[str] | dict[str, int],
+               counts: Counter[tuple[str, str]] | dict[tuple[str, str], int],
+               fair_shares: dict[str, int]) -> api.QueueOut:
+    """`row` as the API shows it; `key` is its key in `used`, `counts` and `fair_shares`."""
     org = session.get(Org, row.org_id) if row.org_id else None
     return api.QueueOut(name=row.name, parent=row.parent, org=org.name if org else None, guaranteed=row.guaranteed,
                         limit=row.limit, over_quota_weight=row.over_quota_weight, priority=row.priority,
-                        used_gpus=used.get(row.name, 0) / 1000, fair_share_gpus=fair / 1000,
-                        pending_jobs=counts.get((row.name, "pending"), 0),
-                        running_jobs=counts.get((row.name, "running"), 0))
+                        used_gpus=used.get(key, 0) / 1000, fair_share_gpus=fair_shares.get(key, 0) / 1000,
+                        pending_jobs=counts.get((key, "pending"), 0),
+                        running_jobs=counts.get((key, "running"), 0))
 
 
 def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list[GpuTelemetry]]) -> list[api.NodeOut]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from fastapi import HTTPException
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Job, JobEvent, Node, Org, Project, QueueRow, User, new_id, utcnow
-from gpupool.server.db.repositories import UNNUMBERED, job_shape, number_at_commit
+from gpupool.server.db.repositories import UNNUMBERED, QueueIndex, job_shape, number_at_commit
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
 from gpupool.server.services.lifecycle import Lifecycle
@@ -40,8 +41,9 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
         return _replayed(session, session.get_one(Job, found.replay_id), spec)
     if body.min_tasks is not None and body.min_tasks > body.tasks:
         raise HTTPException(422, "min_tasks: must not exceed tasks")
+    _check_requests(body)
     _check_project(principal, body.project, found)
-    _check_queue(principal, body.queue, found)
+    _check_queue(body.queue, found)
     job_shape(spec)  # validates the shape as the scheduler will read it
     if pending_cap is not None:
         _check_pending_cap(principal, found.pending, pending_cap)
@@ -58,7 +60,7 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
     except IntegrityError:
         if idempotency_key is None:
             raise
-        return _lost_race(session, principal, body, idempotency_key)
+        return _lost_race(session, principal, body, found.project_id, idempotency_key)
     if body.secret_env:
         if keyring is None:
             raise RuntimeError("a job with secret_env needs the keyring")
@@ -73,20 +75,21 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
 @dataclass(frozen=True)
 class _Admission:
     """What a submission checks before its insert, read in one query (one round trip): the job its Idempotency-Key
-    already made, its project, its queue and one of that queue's children (a queue with children takes no jobs),
-    and how many jobs its organisation has pending (counted on the jobs' state index)."""
+    already made (keys are scoped per project and user: another user's key names none of theirs), its project, its
+    queue (the organisation's own queue of that name, else a shared one: repositories.QueueIndex) and one of that
+    queue's children (a queue with children takes no jobs), and how many jobs its organisation has pending (counted
+    on the jobs' state index)."""
 
     replay_id: str | None
     project_id: str | None
     queue_id: str | None
-    queue_org_id: str | None
     approval_above_milli: int | None
     child_queue_id: str | None
     pending: int
 
 
 def _admission(session: Session, principal: Principal, project: str, queue: str, key: str | None) -> _Admission:
-    params = {"org": principal.org_id, "key": key, "project": project, "queue": queue}
+    params = {"org": principal.org_id, "user": principal.user_id, "key": key, "project": project, "queue": queue}
     return _Admission(*session.execute(ADMISSION, params).one())
 
 
@@ -94,16 +97,27 @@ def _first(column: Any, *where: Any) -> Any:
     return select(column).where(*where).limit(1).scalar_subquery()
 
 
+def _queue_first(column: Any) -> Any:
+    """`column` of the queue a job of the organisation names: its own of that name first, else a shared one."""
+    return select(column).where(QueueRow.name == _queue_name, or_(QueueRow.org_id == _org, QueueRow.org_id.is_(
+        None))).order_by(QueueRow.org_id.is_(None)).limit(1).scalar_subquery()
+
+
 _org, _queue_name = bindparam("org"), bindparam("queue")
+_project_id = _first(Project.id, Project.org_id == _org, Project.name == bindparam("project"))
+_own_queue = select(QueueRow.id).where(QueueRow.name == _queue_name, QueueRow.org_id == _org).exists()
 _pending = select(func.count()).select_from(Job).where(  # OR, not IN: no list expanded at each execution
     Job.org_id == _org, or_(*(Job.state == state for state in PENDING_STATES)))
-#: the query of `_admission`, built once (a key of None matches no job)
+#: the query of `_admission`, built once (a key of None matches no job). A child names its parent as seen from its
+#: own organisation: the organisation's own queue is the parent of its rows only; a shared one (no organisation
+#: owns one of that name) of every row that names it.
 ADMISSION = select(
-    _first(Job.id, Job.org_id == _org, Job.idempotency_key == bindparam("key")),
-    _first(Project.id, Project.org_id == _org, Project.name == bindparam("project")),
-    _first(QueueRow.id, QueueRow.name == _queue_name), _first(QueueRow.org_id, QueueRow.name == _queue_name),
-    _first(QueueRow.approval_above_milli, QueueRow.name == _queue_name),
-    _first(QueueRow.id, QueueRow.parent == _queue_name), _pending.scalar_subquery())
+    _first(Job.id, Job.project_id == _project_id, Job.user_id == bindparam("user"),
+           Job.idempotency_key == bindparam("key")),
+    _project_id, _queue_first(QueueRow.id), _queue_first(QueueRow.approval_above_milli),
+    _first(QueueRow.id, QueueRow.parent == _queue_name,
+           or_(QueueRow.org_id == _org, QueueRow.org_id.is_(None), ~_own_queue)),
+    _pending.scalar_subquery())
 
 
 def _check_project(principal: Principal, named: str | None, found: _Admission) -> None:
@@ -115,19 +129,22 @@ def _check_project(principal: Principal, named: str | None, found: _Admission) -
         raise HTTPException(404, f"project {name!r} not found")
 
 
-def _check_queue(principal: Principal, named: str | None, found: _Admission) -> None:
+def _check_queue(named: str | None, found: _Admission) -> None:
     name = named or "default"
-    if found.queue_id is None or (found.queue_org_id not in (None, principal.org_id) and not principal.is_operator):
+    if found.queue_id is None:
         raise HTTPException(404 if named else 422, f"queue {name!r} not found")
     if found.child_queue_id is not None:
         raise HTTPException(422, f"queue: {name!r} has child queues; submit to one of them")
 
 
-def _replay(session: Session, principal: Principal, body: api.JobCreate, key: str | None) -> api.JobOut | None:
-    """The job this Idempotency-Key already made (422 if it was made with another spec), or None."""
+def _replay(session: Session, principal: Principal, body: api.JobCreate, project_id: str | None,
+            key: str | None) -> api.JobOut | None:
+    """The job this Idempotency-Key already made in `project_id` for the caller (422 if it was made with another
+    spec), or None."""
     if key is None:
         return None
-    existing = session.scalar(select(Job).where(Job.org_id == principal.org_id, Job.idempotency_key == key))
+    existing = session.scalar(select(Job).where(Job.project_id == project_id, Job.user_id == principal.user_id,
+                                                Job.idempotency_key == key))
     return None if existing is None else _replayed(session, existing, _spec(body))
 
 
@@ -137,12 +154,13 @@ def _replayed(session: Session, existing: Job, spec: dict[str, object]) -> api.J
     return job_out(session, existing)
 
 
-def _lost_race(session: Session, principal: Principal, body: api.JobCreate, key: str) -> api.JobOut:
+def _lost_race(session: Session, principal: Principal, body: api.JobCreate, project_id: str | None,
+               key: str) -> api.JobOut:
     """A concurrent submission with the same key inserted first (the unique key refused ours): roll ours back and
     answer with its job, read in a new transaction, as a replay would; 409 with Retry-After if it is not visible."""
     session.rollback()
     with Session(session.get_bind()) as fresh:
-        replay = _replay(fresh, principal, body, key)
+        replay = _replay(fresh, principal, body, project_id, key)
     if replay is None:
         raise HTTPException(409, "Idempotency-Key: the same submission is in progress; retry",
                             headers={"Retry-After": "1"})
@@ -154,6 +172,20 @@ def _spec(body: api.JobCreate) -> dict[str, object]:
     if body.secret_env:
         spec["secret_env"] = sorted(body.secret_env)  # names only; the values are sealed in job_secrets
     return spec
+
+
+#: the least a job without GPUs asks for: every job takes something, so none is placed without limit or billed nothing
+MIN_CPUS_WITHOUT_GPU, MIN_MEMORY_MIB_WITHOUT_GPU = Decimal("0.1"), 16
+
+
+def _check_requests(body: api.JobCreate) -> None:
+    """422 naming the fields when a job without GPUs asks for less than MIN_CPUS_WITHOUT_GPU CPUs or
+    MIN_MEMORY_MIB_WITHOUT_GPU MiB of memory (all zero included)."""
+    if api.gpus_to_milli(body.gpus) == 0 and (
+            Decimal(body.cpus) < MIN_CPUS_WITHOUT_GPU or body.memory_mib < MIN_MEMORY_MIB_WITHOUT_GPU):
+        raise HTTPException(422, f"gpus, cpus, memory_mib: a job without GPUs asks for at least "
+                                 f"{MIN_CPUS_WITHOUT_GPU} CPU and {MIN_MEMORY_MIB_WITHOUT_GPU} MiB of memory "
+                                 f"(this one: gpus={body.gpus}, cpus={body.cpus}, memory_mib={body.memory_mib})")
 
 
 def _check_pending_cap(principal: Principal, pending: int, cap: int) -> None:
@@ -255,9 +287,12 @@ def cancel(session: Session, principal: Principal, job: Job, lifecycle: Lifecycl
 
 
 def decide(session: Session, principal: Principal, job: Job, approve: bool, note: str) -> api.JobOut:
+    """Approve or deny a job awaiting approval; an approval re-checks its queue (_check_still_a_leaf)."""
     require(principal, "project-admin")
     if job.state != "pending_approval":
         raise HTTPException(409, f"job is {job.state}, not waiting for approval")
+    if approve:
+        _check_still_a_leaf(session, job)
     failpoint("jobs.before_job_update")
     job.state = "pending" if approve else "denied"
     if not approve:
@@ -265,6 +300,19 @@ def decide(session: Session, principal: Principal, job: Job, approve: bool, note
     session.add(JobEvent(job_id=job.id, kind="approved" if approve else "denied",
                          message=f"by {principal.user_name}: {note}".rstrip(": ")))
     return job_out(session, job)
+
+
+def _check_still_a_leaf(session: Session, job: Job) -> None:
+    """409 when the job's queue is gone, or has child queues now (a parent takes no jobs): approved, it would wait
+    in no leaf for ever. It stays awaiting approval; the message says what to do."""
+    queues = QueueIndex.load(session)
+    queue = queues.find(job.org_id, job.queue)
+    if queue is None:
+        raise HTTPException(409, f"queue: {job.queue!r} no longer exists, so the job cannot run; it stays awaiting "
+                                 "approval: deny it, and submit it again to a queue that exists")
+    if queues.children(queue):
+        raise HTTPException(409, f"queue: {job.queue!r} has child queues now and takes no jobs; the job stays "
+                                 "awaiting approval: deny it, and submit it again to one of them")
 
 
 def org_name(session: Session, org_id: str) -> str:

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol.agent import Stop, TaskStatus
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, Job, JobEvent, Node, QueueRow, utcnow
-from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES
+from gpupool.server.db.models import Allocation, Job, JobEvent, Node, utcnow
+from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, find_queue
 from gpupool.server.scheduler.binder import OrderSink, released_now
 from gpupool.server.scheduler.cache import ClusterCache
 from gpupool.server.services.metering import aware
@@ -138,7 +138,7 @@ class Lifecycle:
         with self.db.session() as session:
             allocation = session.get(Allocation, allocation_id)
             job = session.get(Job, allocation.job_id) if allocation is not None else None
-            queue = session.scalar(select(QueueRow).where(QueueRow.name == job.queue)) if job is not None else None
+            queue = find_queue(session, job.org_id, job.queue) if job is not None else None
             if job is None or queue is None or queue.idle_reclaim_s is None or idle_s < queue.idle_reclaim_s:
                 return False
             if job.state in TERMINAL:

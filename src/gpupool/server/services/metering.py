@@ -6,7 +6,8 @@ heartbeat — so a lost node's attempt is never billed past the last sign of lif
 Entries never cross a metering period boundary (`period_s`: an hour by default, aligned to the epoch),
 and an allocation still running is metered only up to the last whole period, so a job costs one row per
 period. Each entry's `source_key` is (allocation, attempt, interval start): re-running the meter cannot bill
-twice (I7). Amounts are integers: milli-GPU-seconds, and micro-cents at the model's price.
+twice (I7). Amounts are integers: milli-GPU-seconds, milli-CPU-seconds and MiB-seconds of what the allocation holds,
+and micro-cents at the GPU model's price, the price of a CPU-core-hour and of a GiB-hour (ResourcePrice), summed.
 """
 
 from __future__ import annotations
@@ -23,12 +24,29 @@ from sqlalchemy.orm import Session
 
 from gpupool.protocol.csvsafe import SafeDictWriter
 from gpupool.server.auth import Principal, require
-from gpupool.server.db.models import Allocation, Budget, Gpu, Job, LedgerEntry, Node, Price, Project, User
+from gpupool.server.db.models import (
+    Allocation,
+    Budget,
+    Gpu,
+    Job,
+    LedgerEntry,
+    Node,
+    Price,
+    Project,
+    ResourcePrice,
+    User,
+)
+from gpupool.server.db.repositories import QueueIndex, find_queue
 from gpupool.server.failpoints import failpoint
 from gpupool.server.services import rollup
 
 DEFAULT_CENTS_PER_GPU_HOUR = 100
+#: cents per CPU-core-hour and per GiB-hour of memory until an operator sets them (PUT /resource-prices)
+DEFAULT_RESOURCE_CENTS = {"cpu": 4, "memory": 1}
+MIB_PER_GIB = 1024
 GROUPS = ("project", "user", "queue", "model", "job")
+#: a statement's amounts per line, as `usage_by_job` names them
+STATEMENT_AMOUNTS = ("gpu_hours", "cpu_hours", "memory_gib_hours", "cost")
 
 
 def aware(moment: datetime) -> datetime:
@@ -42,13 +60,25 @@ def milliseconds(start: datetime, end: datetime) -> int:
 
 
 def cost_micro_cents(gpu_milli_seconds: int, cents_per_gpu_hour: int) -> int:
-    """Exact integer price of milli-GPU-seconds: x cents/GPU-hour / (1000 milli x 3600 s) x 10^6 micro."""
+    """Exact integer price of milli-GPU-seconds: x cents/GPU-hour / (1000 milli x 3600 s) x 10^6 micro (of
+    milli-CPU-seconds at cents per CPU-core-hour alike)."""
     return gpu_milli_seconds * cents_per_gpu_hour * 1_000_000 // 3_600_000
+
+
+def memory_cost_micro_cents(mib_seconds: int, cents_per_gib_hour: int) -> int:
+    """Exact integer price of MiB-seconds: x cents/GiB-hour / (1024 MiB x 3600 s) x 10^6 micro."""
+    return mib_seconds * cents_per_gib_hour * 1_000_000 // (MIB_PER_GIB * 3600)
+
+
+def resource_prices(session: Session) -> dict[str, int]:
+    """Cents per CPU-core-hour ("cpu") and per GiB-hour ("memory"): the operator's, else the defaults."""
+    return DEFAULT_RESOURCE_CENTS | {p.resource: p.cents_per_hour for p in session.scalars(select(ResourcePrice))}
 
 
 def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
     """Write ledger entries for every started allocation up to what is billable now; returns entries written."""
     prices = {p.model: p.cents_per_gpu_hour for p in session.scalars(select(Price))}
+    per_resource = resource_prices(session)
     nodes = {n.id: n for n in session.scalars(select(Node))}
     models = {(node, index): model for node, index, model in session.execute(select(Gpu.node_id, Gpu.index, Gpu.model))}
     written: list[LedgerEntry] = []
@@ -67,19 +97,28 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
         model = models.get((allocation.node_id, allocation.shares[0][0]), "") if allocation.shares else ""
         price = prices.get(model, DEFAULT_CENTS_PER_GPU_HOUR)
         for piece_start, piece_end in _period_pieces(start, end, period_s):
-            milli_seconds = allocation.gpu_milli * milliseconds(piece_start, piece_end) // 1000
             entry = LedgerEntry(
                 source_key=f"{allocation.id}:{allocation.attempt}:{piece_start.isoformat()}", org_id=job.org_id,
                 project_id=job.project_id, user_id=job.user_id, queue=job.queue, job_id=job.id,
                 allocation_id=allocation.id, model=model, tags=job.tags, start=piece_start, end=piece_end,
-                gpu_milli=allocation.gpu_milli, gpu_milli_seconds=milli_seconds,
-                cost_micro_cents=cost_micro_cents(milli_seconds, price))
+                gpu_milli=allocation.gpu_milli, cpu_milli=allocation.cpu_milli, memory_mib=allocation.memory_mib)
+            _amounts(entry, milliseconds(piece_start, piece_end), price, per_resource)
             session.add(entry)
             written.append(entry)
         allocation.metered_until = end
         failpoint("metering.mid_ledger_batch")
     rollup.add(session, written)
     return len(written)
+
+
+def _amounts(entry: LedgerEntry, ms: int, cents_per_gpu_hour: int, per_resource: dict[str, int]) -> None:
+    """Fill in what `entry` holds over `ms` milliseconds, and its cost."""
+    entry.gpu_milli_seconds = entry.gpu_milli * ms // 1000
+    entry.cpu_milli_seconds = entry.cpu_milli * ms // 1000
+    entry.memory_mib_seconds = entry.memory_mib * ms // 1000
+    entry.cost_micro_cents = (cost_micro_cents(entry.gpu_milli_seconds, cents_per_gpu_hour)
+                              + cost_micro_cents(entry.cpu_milli_seconds, per_resource["cpu"])
+                              + memory_cost_micro_cents(entry.memory_mib_seconds, per_resource["memory"]))
 
 
 def _period_floor(moment: datetime, period_s: int) -> datetime:
@@ -107,7 +146,8 @@ def _billable_end(allocation: Allocation, node: Node | None, now: datetime) -> d
 
 
 def usage(session: Session, principal: Principal, start: datetime, end: datetime, by: str) -> list[dict[str, object]]:
-    """GPU-hours and cost per group between `start` and `end` (entries attributed by their start)."""
+    """GPU-hours, CPU-core-hours, GiB-hours of memory and cost per group between `start` and `end` (entries
+    attributed by their start)."""
     require(principal, "viewer")
     if by not in GROUPS and not by.startswith("tag:"):
         raise HTTPException(422, f"by: choose from {', '.join(GROUPS)} or tag:<key>")
@@ -116,51 +156,60 @@ def usage(session: Session, principal: Principal, start: datetime, end: datetime
     visible = None if principal.at_least("tenant-admin") else [
         i for i, name in projects.items() if name in principal.projects]
     org = None if principal.is_operator else principal.org_id
-    sums: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for project_id, key, milli_seconds, micro, count in rollup.totals(session, start, end, by, org, visible):
+    sums: dict[str, list[int]] = defaultdict(lambda: [0] * 5)
+    for project_id, key, *amounts in rollup.totals(session, start, end, by, org, visible):
         label = projects.get(project_id, "") if by == "project" else names.get(key, key)
-        for i, v in enumerate((milli_seconds, micro, count)):
+        for i, v in enumerate(amounts):
             sums[label][i] += v
-    return [{"key": k, "gpu_hours": round(v[0] / 1000 / 3600, 6), "cost": round(v[1] / 1e8, 4), "entries": v[2]}
+    return [{"key": k, **_hours(v[0], v[3], v[4]), "cost": round(v[1] / 1e8, 4), "entries": v[2]}
             for k, v in sorted(sums.items())]
 
 
+def _hours(gpu_milli_seconds: int, cpu_milli_seconds: int, memory_mib_seconds: int) -> dict[str, float]:
+    """GPU-hours, CPU-core-hours and GiB-hours, as reports show them."""
+    return {"gpu_hours": round(gpu_milli_seconds / 1000 / 3600, 6),
+            "cpu_hours": round(cpu_milli_seconds / 1000 / 3600, 6),
+            "memory_gib_hours": round(memory_mib_seconds / MIB_PER_GIB / 3600, 6)}
+
+
 def statement(session: Session, principal: Principal, project: str, month: str, fmt: str) -> tuple[str, str]:
-    """A project's monthly statement as CSV or HTML: one line per job and GPU model, with totals."""
+    """A project's monthly statement as CSV or HTML: one line per job and GPU model (GPU-hours, CPU-core-hours,
+    GiB-hours of memory, cost), with totals."""
     try:
         first = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
     except ValueError:
         raise HTTPException(422, "month: use YYYY-MM") from None
     following = (first + timedelta(days=32)).replace(day=1)
     rows = [r for r in usage_by_job(session, principal, first, following) if r["project"] == project]
+    totals = {k: round(sum(float(r[k]) for r in rows), 4 if k == "cost" else 6) for k in STATEMENT_AMOUNTS}
     if fmt == "csv":
         out = io.StringIO()
-        writer = SafeDictWriter(out, ["project", "job", "model", "gpu_hours", "cost"], lineterminator="\n")
+        writer = SafeDictWriter(out, ["project", "job", "model", *STATEMENT_AMOUNTS], lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-        writer.writerow({"project": project, "job": "TOTAL", "model": "", "gpu_hours": round(
-            sum(float(r["gpu_hours"]) for r in rows), 6), "cost": round(sum(float(r["cost"]) for r in rows), 4)})
+        writer.writerow({"project": project, "job": "TOTAL", "model": "", **totals})
         return out.getvalue(), "text/csv"
     lines = "".join(f"<tr><td>{escape(str(r['job']))}</td><td>{escape(str(r['model']))}</td>"
-                    f"<td>{r['gpu_hours']}</td><td>{r['cost']}</td></tr>" for r in rows)
-    total = round(sum(float(r["cost"]) for r in rows), 4)
+                    + "".join(f"<td>{r[k]}</td>" for k in STATEMENT_AMOUNTS) + "</tr>" for r in rows)
     html = (f"<!doctype html><meta charset=utf-8><title>{escape(project)} {month}</title>"
             f"<h1>Statement: project {escape(project)}, {month}</h1><table border=1><tr><th>job</th><th>model</th>"
-            f"<th>GPU-hours</th><th>cost</th></tr>{lines}<tr><th colspan=3>total</th><th>{total}</th></tr></table>")
+            f"<th>GPU-hours</th><th>CPU-core-hours</th><th>memory GiB-hours</th><th>cost</th></tr>{lines}"
+            f"<tr><th colspan=2>total</th>{''.join(f'<th>{totals[k]}</th>' for k in STATEMENT_AMOUNTS)}</tr></table>")
     return html, "text/html"
 
 
 def usage_by_job(session: Session, principal: Principal, start: datetime, end: datetime) -> list[dict[str, object]]:
     require(principal, "viewer")
     query = select(LedgerEntry.project_id, LedgerEntry.job_id, LedgerEntry.model,
-                   func.sum(LedgerEntry.gpu_milli_seconds), func.sum(LedgerEntry.cost_micro_cents)).where(
+                   func.sum(LedgerEntry.gpu_milli_seconds), func.sum(LedgerEntry.cost_micro_cents),
+                   func.sum(LedgerEntry.cpu_milli_seconds), func.sum(LedgerEntry.memory_mib_seconds)).where(
         LedgerEntry.start >= start, LedgerEntry.start < end).group_by(
         LedgerEntry.project_id, LedgerEntry.job_id, LedgerEntry.model)
     if not principal.is_operator:
         query = query.where(LedgerEntry.org_id == principal.org_id)
     projects = {p.id: p.name for p in session.scalars(select(Project))}
-    return [{"project": projects.get(p, ""), "job": j, "model": m, "gpu_hours": round(int(s) / 1000 / 3600, 6),
-             "cost": round(int(c) / 1e8, 4)} for p, j, m, s, c in session.execute(query)
+    return [{"project": projects.get(p, ""), "job": j, "model": m, **_hours(int(s), int(cpu), int(memory)),
+             "cost": round(int(c) / 1e8, 4)} for p, j, m, s, c, cpu, memory in session.execute(query)
             if principal.at_least("tenant-admin") or projects.get(p) in principal.projects]
 
 
@@ -178,8 +227,10 @@ def budget_use(session: Session, budget: Budget, now: datetime) -> tuple[float, 
     if budget.scope == "project":
         rows = list(rollup.totals(session, start, end, "project", budget.org_id,
                                   list(session.scalars(_budget_project(budget)))))
-    else:
-        rows = [r for r in rollup.totals(session, start, end, "queue") if r[1] == budget.name]
+    else:  # an organisation's queue: its jobs only (another may have a queue of that name); a shared one: all
+        queue = find_queue(session, budget.org_id, budget.name)
+        org = queue.org_id if queue is not None else budget.org_id
+        rows = [r for r in rollup.totals(session, start, end, "queue", org) if r[1] == budget.name]
     return sum(r[2] for r in rows) / 1000 / 3600, sum(r[3] for r in rows) / 1e6
 
 
@@ -194,13 +245,16 @@ def _budget_project(budget: Budget) -> Select[Any]:
 
 
 def exhausted_hard_budgets(session: Session, now: datetime) -> dict[tuple[str, str], str]:
-    """("queue", queue name) or ("project", project id) -> why, for every hard budget used up in its period."""
+    """("queue", the scheduling core's queue key) or ("project", project id) -> why, for every hard budget used up
+    in its period."""
     out = {}
+    queues = QueueIndex.load(session)
     for budget in session.scalars(select(Budget).where(Budget.hard.is_(True))):
         hours, cents = budget_use(session, budget, now)
         if exceeded(budget, hours, cents):
             limit = f"{budget.gpu_hours} GPU-hours" if budget.gpu_hours is not None else f"{budget.cents} cents"
-            target = budget.name if budget.scope == "queue" else session.scalar(_budget_project(budget)) or ""
+            target = (queues.key(budget.org_id or "", budget.name) if budget.scope == "queue"
+                      else session.scalar(_budget_project(budget)) or "")
             out[(budget.scope, target)] = (f"the {budget.scope} {budget.name!r} used its {budget.period}ly "
                                            f"budget of {limit} (hard limit): no new jobs until the next period")
     return out

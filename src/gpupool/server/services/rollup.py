@@ -7,8 +7,9 @@ entries whose start lies in it, whichever table each part comes from.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,9 +18,13 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from gpupool.server.db.models import LedgerEntry, UsageDaily
+from gpupool.server.db.repositories import upsert
 
 DAY = timedelta(days=1)
-Row = tuple[str, str, int, int, int]  # project id, group key, milli-GPU-seconds, micro-cents, ledger entries
+#: project id, group key, milli-GPU-seconds, micro-cents, ledger entries, milli-CPU-seconds, MiB-seconds
+Row = tuple[str, str, int, int, int, int, int]
+#: the columns of usage_daily's unique group
+GROUP = ("day", "org_id", "project_id", "user_id", "queue", "model", "tags_key")
 
 
 def tags_key(tags: dict[str, Any]) -> str:
@@ -30,30 +35,30 @@ def day_of(moment: datetime) -> datetime:
     return moment.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+#: the amounts a day's row sums, as ledger columns
+AMOUNTS = ("gpu_milli_seconds", "cost_micro_cents", "cpu_milli_seconds", "memory_mib_seconds")
+
+
 def add(session: Session, entries: Iterable[LedgerEntry]) -> None:
-    """Fold new ledger entries into their days' totals (same transaction as the entries themselves)."""
-    sums: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    """Fold new ledger entries into their days' totals (same transaction as the entries themselves), each day's
+    group in one INSERT ... ON CONFLICT that adds to the row another writer may have made meanwhile."""
+    sums: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     tags: dict[str, dict[str, Any]] = {}
     for e in entries:
         key = tags_key(e.tags)
         tags[key] = e.tags
         total = sums[(day_of(e.start), e.org_id, e.project_id, e.user_id, e.queue, e.model, key)]
-        total[0] += e.gpu_milli_seconds
-        total[1] += e.cost_micro_cents
-        total[2] += 1
-    for (day, org, project, user, queue, model, key), (ms, micro, count) in sums.items():
-        row = session.scalar(select(UsageDaily).where(
-            UsageDaily.day == day, UsageDaily.org_id == org, UsageDaily.project_id == project,
-            UsageDaily.user_id == user, UsageDaily.queue == queue, UsageDaily.model == model,
-            UsageDaily.tags_key == key).with_for_update())
-        if row is None:
-            session.add(UsageDaily(day=day, org_id=org, project_id=project, user_id=user, queue=queue, model=model,
-                                   tags=tags[key], tags_key=key, gpu_milli_seconds=ms, cost_micro_cents=micro,
-                                   entries=count))
-        else:
-            row.gpu_milli_seconds += ms
-            row.cost_micro_cents += micro
-            row.entries += count
+        total.update({amount: getattr(e, amount) or 0 for amount in AMOUNTS})  # or 0: not flushed yet
+        total["entries"] += 1
+    table = UsageDaily.__table__
+    for (day, org, project, user, queue, model, key), total in sums.items():
+        values = {"day": day, "org_id": org, "project_id": project, "user_id": user, "queue": queue, "model": model,
+                  "tags": tags[key], "tags_key": key, **total}
+        upsert(session, table, values, GROUP, functools.partial(_added, table))
+
+
+def _added(table: Any, excluded: Any) -> dict[str, Any]:
+    return {column: table.c[column] + excluded[column] for column in (*AMOUNTS, "entries")}
 
 
 def _group_column(table: type[LedgerEntry] | type[UsageDaily], by: str) -> ColumnElement[Any]:
@@ -91,13 +96,14 @@ def _sum(session: Session, table: type[LedgerEntry] | type[UsageDaily], when: An
     column = _group_column(table, by)
     count = func.sum(UsageDaily.entries) if table is UsageDaily else func.count()
     query = select(table.project_id, column, func.sum(table.gpu_milli_seconds), func.sum(table.cost_micro_cents),
-                   count).where(when >= start, when < end).group_by(table.project_id, column)
+                   count, func.sum(table.cpu_milli_seconds), func.sum(table.memory_mib_seconds)).where(
+        when >= start, when < end).group_by(table.project_id, column)
     if org_id is not None:
         query = query.where(table.org_id == org_id)
     if project_ids is not None:
         query = query.where(table.project_id.in_(list(project_ids)))
-    for project, key, ms, micro, n in session.execute(query):
-        yield str(project), "" if key is None else str(key), int(ms), int(micro), int(n)
+    for project, key, ms, micro, n, cpu, memory in session.execute(query):
+        yield str(project), "" if key is None else str(key), int(ms), int(micro), int(n), int(cpu), int(memory)
 
 
 def _aware(moment: datetime, like: datetime) -> datetime:
