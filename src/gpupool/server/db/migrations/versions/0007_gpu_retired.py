@@ -1,6 +1,6 @@
 """gpus.retired_at: a reset node's GPU rows are retired, not deleted (allocations of the past still name them)
 
-Revision ID: 0007_gpu_retired
+Revision ID: 0007
 Revises: 0006
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007_gpu_retired'
+revision = '0007'
 down_revision = '0006'
 branch_labels = None
 depends_on = None

@@ -4,8 +4,8 @@ The audit table stays append-only for a day: its triggers now let a DELETE throu
 retention setting is at least a day), so the control plane can prune rows past the retention while a bug or a
 stray statement still cannot remove recent ones. UPDATE and TRUNCATE stay refused.
 
-Revision ID: 0007_audit_retention_sessions
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007_audit_retention_sessions'
-down_revision = '0006'
+revision = '0008'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 

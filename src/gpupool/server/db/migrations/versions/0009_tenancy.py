@@ -1,8 +1,8 @@
 """tenancy: organisation ceilings, queue names per organisation, Idempotency-Keys per project and user, CPU and
 memory in the ledger and their prices
 
-Revision ID: 0007_tenancy
-Revises: 0006
+Revision ID: 0009
+Revises: 0008
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007_tenancy'
-down_revision = '0006'
+revision = '0009'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
