@@ -350,8 +350,7 @@ class ProcessRuntime(WorkloadRuntime):
         while uids.processes_of(handle.uid, self._proc):
             if self._clock.now() > deadline:
                 return False
-            subprocess.run([self._python, "-I", "-S", str(WRAPPER), "--kill-uid", str(handle.uid)],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=KILL_WAIT_S, check=False)
+            kill_uid_processes(handle.uid, self._python)
             self._sleep(POLL_STEP_S)
         return True
 
@@ -388,6 +387,13 @@ class ProcessRuntime(WorkloadRuntime):
             if not state.running or remaining <= 0:
                 return state
             self._sleep(min(POLL_STEP_S, remaining))
+
+
+def kill_uid_processes(uid: int, python: str = sys.executable) -> None:
+    """SIGKILL every process of the job uid `uid` at once (needs root), through the wrapper's `--kill-uid`: the fork
+    it takes is safe there (single-threaded), not in the agent."""
+    subprocess.run([python, "-I", "-S", str(WRAPPER), "--kill-uid", str(uid)], stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=KILL_WAIT_S, check=False)
 
 
 def make_work_dir(path: Path, user: JobUser) -> None:
