@@ -121,7 +121,7 @@ class UidClaims:
             busy = ids_in_use(self._proc)
             for uid in self.range.after(self._last):
                 if uid not in busy and self._unclaimed(uid) and not names_an_account(uid):
-                    (self.directory / str(uid)).write_text(str(owner))
+                    _write_private(self.directory / str(uid), str(owner))
                     self._last = uid
                     return uid
         raise LookupError(f"no free uid in {self.range.first}-{self.range.last}: every one is claimed or in use")
@@ -143,6 +143,12 @@ class UidClaims:
             yield
         finally:
             os.close(fd)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def release(claim: Path, owner: Path) -> None:
