@@ -16,6 +16,7 @@ from gpupool.agent.main import (
     NODE_FILE,
     JobSetup,
     NodeIdentity,
+    announce,
     build_registration,
     default_node_name,
     load_identity,
@@ -25,7 +26,7 @@ from gpupool.agent.main import (
     run_agent,
     save_identity,
 )
-from gpupool.agent.runtime.identity import AgentUser
+from gpupool.agent.runtime.identity import AgentUser, RootUser
 
 IDENTITY = NodeIdentity(
     server="http://cp:8080", name="n1", node_id="node-1", credential="secret", heartbeat_s=5.0, fence_s=40.0,
@@ -93,6 +94,13 @@ def test_bad_job_flags_stop_the_agent_before_it_registers(tmp_path, job_root, ca
     token = "abcdef.0123456789abcdef"  # never spent: the flags are checked first
     assert run_agent("http://127.0.0.1:9", token, tmp_path, "n1", "", work_dir=job_root / "w", **flags) == EXIT_CONFIG
     assert want_in_log in caplog.text
+
+
+def test_an_agent_that_cannot_switch_users_says_its_jobs_run_as_itself(tmp_path, caplog):
+    announce(JobSetup(AgentUser(), tmp_path))
+    assert "does not run as root, so process jobs run as its own user" in caplog.text
+    announce(JobSetup(RootUser(), tmp_path))
+    assert "process jobs run as ROOT (--run-jobs-as root)" in caplog.text
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only an agent running as root gives jobs other uids")
