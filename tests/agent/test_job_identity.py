@@ -5,7 +5,9 @@ its uid killed when it ends, is stopped or fences itself, before the uid is hand
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,15 @@ from gpupool.agent.runtime import LaunchError, LaunchSpec, ProcessRuntime, RunHa
 from gpupool.agent.runtime._wrapper import kill_uid
 from gpupool.agent.runtime.identity import AgentUser, LocalUsers, RootUser, TransientUsers, open_identity
 from gpupool.agent.runtime.procfs import read_stat
-from gpupool.agent.runtime.uids import UidClaims, UidRange, ids_in_use, names_an_account, processes_of, release
+from gpupool.agent.runtime.uids import (
+    CLAIMS_DIR,
+    UidClaims,
+    UidRange,
+    ids_in_use,
+    names_an_account,
+    processes_of,
+    release,
+)
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="only root gives jobs other uids")
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "USER": "root"}
@@ -47,12 +57,26 @@ def fake_proc(root: Path, uids: dict[int, tuple[int, str]]) -> Path:
     return root
 
 
-def free_range(size: int, start: int = 59000) -> UidRange:
-    """`size` consecutive uids, outside the default range and S12's, that no account names and no process uses."""
-    busy = ids_in_use()
-    first = next(u for u in range(start, 60800) if all(v not in busy and not names_an_account(v)
-                                                        for v in range(u, u + size)))
-    return UidRange(first, first + size - 1)
+def claimed(uid: int) -> bool:
+    """A live claim (gpupool.agent.runtime.uids): its owner's folder still exists."""
+    try:
+        return Path((CLAIMS_DIR / str(uid)).read_text()).exists()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def free_range(worker_id: str) -> Callable[[int], UidRange]:
+    """`size` consecutive uids for this test: outside the default range and S12's, in a band of this xdist worker's
+    own (tests on the other worker pick at the same moment), naming no account, used and claimed by no one."""
+    band = 59000 + 300 * (int(worker_id[2:]) if worker_id.startswith("gw") else 0)
+
+    def pick(size: int) -> UidRange:
+        busy = ids_in_use()
+        first = next(u for u in range(band, band + 300 - size) if all(
+            v not in busy and not names_an_account(v) and not claimed(v) for v in range(u, u + size)))
+        return UidRange(first, first + size - 1)
+    return pick
 
 
 # ranges and claims ------------------------------------------------------------------------------------------------
@@ -125,7 +149,7 @@ def test_local_users_refuse_root_and_unknown_accounts(user, want, tmp_path):
 # the runtime with transient uids ----------------------------------------------------------------------------------
 
 @pytest.fixture
-def uid_range() -> UidRange:
+def uid_range(free_range: Callable[[int], UidRange]) -> UidRange:
     return free_range(2)
 
 
@@ -176,7 +200,7 @@ def test_a_job_runs_as_its_own_transient_uid_with_nothing_more(make_runtime, uid
 
 
 @ROOT_ONLY
-def test_jobs_at_once_get_distinct_uids_and_a_uid_waits_until_its_workload_is_forgotten(make_runtime):
+def test_jobs_at_once_get_distinct_uids_and_a_uid_waits_until_its_workload_is_forgotten(make_runtime, free_range):
     runtime = make_runtime(free_range(2))
     first, second = (runtime.launch(shell("exec sleep 300", allocation=a)) for a in ("a1", "a2"))
     assert first.uid != second.uid
@@ -190,7 +214,7 @@ def test_jobs_at_once_get_distinct_uids_and_a_uid_waits_until_its_workload_is_fo
 
 
 @ROOT_ONLY
-def test_two_agents_on_one_host_never_share_a_uid(make_runtime):
+def test_two_agents_on_one_host_never_share_a_uid(make_runtime, free_range):
     uids = free_range(1)
     runtime, neighbour = make_runtime(uids), make_runtime(uids)
     runtime.launch(shell("exec sleep 300"))
@@ -262,3 +286,37 @@ def test_a_job_as_a_local_account(tmp_path, job_root):
 def test_kill_uid_never_kills_as_root():
     with pytest.raises(ValueError, match="only a job's uid"):
         kill_uid(0)
+
+
+PRELOAD_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void loaded(void) {
+    const char *out = getenv("PRELOAD_WITNESS");
+    FILE *f;
+    if (out && geteuid() == 0 && (f = fopen(out, "a"))) { fprintf(f, "loaded as root in %d\n", getpid()); fclose(f); }
+}
+"""
+
+
+@ROOT_ONLY
+def test_the_jobs_environment_never_reaches_the_root_wrapper(make_runtime, uid_range, tmp_path, job_root):
+    """A tenant's order may set LD_PRELOAD (a library an earlier job of its left in a world-readable place): the
+    wrapper, which stays root, must not load it, nor see any other variable of the job's."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not found: cannot build the preload library")
+    library, witness = job_root / "evil.so", tmp_path / "witness"
+    source = tmp_path / "evil.c"
+    source.write_text(PRELOAD_C)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True, capture_output=True)
+    library.chmod(0o755)
+    runtime = make_runtime(uid_range)
+    env = {"LD_PRELOAD": str(library), "PRELOAD_WITNESS": str(witness), "TENANT_SECRET": "s3cret"}
+    handle = runtime.launch(shell('echo "job sees $TENANT_SECRET"; sleep 1', env=env))
+    wrapper_env = (Path("/proc") / str(handle.pid) / "environ").read_bytes()
+    assert wait_exit(runtime, handle).exit_code == 0
+    assert "job sees s3cret" in handle.log_path.read_text()
+    assert not witness.exists(), witness.read_text()
+    assert wrapper_env == b""

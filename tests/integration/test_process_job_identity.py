@@ -6,6 +6,7 @@ its node, tried by jobs that two tenants' members submit through the API to a re
 - no job can read any file, nor list any folder, of the control plane's or the agents' data folders (walked by the
   test while a job's own state is in them);
 - a job of tenant B cannot list or read tenant A's work folder, list the work root, nor signal A's job (EPERM);
+- an order's environment (LD_PRELOAD of a library a job left behind) never reaches anything running as root;
 - a job that daemonises (setsid + double fork) is killed when it ends, and its uid goes to the next job (on a node
   given one uid) only after: that job finds the daemon gone (or a zombie waiting for init to reap it), where it
   would otherwise share a uid with it and could signal it, trace it or read its memory.
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,9 +129,9 @@ def tenant(cluster: Cluster, org: str) -> dict[str, Any]:
     return {"client": cluster.server.client(token), "queue": f"{org}-q"}
 
 
-def submit(cluster: Cluster, who: dict[str, Any], mode: str, box: Path, model: str) -> str:
+def submit(cluster: Cluster, who: dict[str, Any], mode: str, box: Path, model: str, **env: str) -> str:
     body = {"command": [JOB_PYTHON, "-c", JOB, mode, str(box)], "gpus": "1", "gpu_models": [model], "cpus": "0.1",
-            "memory_mib": 64, "queue": who["queue"], "project": "lab"}
+            "memory_mib": 64, "queue": who["queue"], "project": "lab", "env": env}
     response = who["client"].post("/jobs", json=body)
     assert response.status_code == 201, response.text
     return str(response.json()["id"])
@@ -152,6 +155,31 @@ def walk(folders: list[Path]) -> dict[str, list[str]]:
     return {"files": sorted(files), "dirs": sorted(dirs)}
 
 
+PRELOAD_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void loaded(void) {
+    const char *out = getenv("PRELOAD_WITNESS");
+    FILE *f;
+    if (out && geteuid() == 0 && (f = fopen(out, "a"))) { fprintf(f, "loaded as root in %d\n", getpid()); fclose(f); }
+}
+"""
+
+
+def preload_library(box: Path) -> Path | None:
+    """A library that notes when root loads it, left where any job can read it (as an earlier job could); None
+    without gcc."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return None
+    (box / "evil.c").write_text(PRELOAD_C)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(box / "evil.so"), str(box / "evil.c")], check=True,
+                   capture_output=True)
+    (box / "evil.so").chmod(0o755)
+    return box / "evil.so"
+
+
 def one_free_uid() -> int:
     """A uid outside the default transient range that names no account and no process uses."""
     busy = ids_in_use()
@@ -173,7 +201,9 @@ def test_s12_process_jobs_run_unprivileged_private_and_leave_nothing_behind(clus
     seen: dict[str, dict[str, Any]] = {}
 
     # 1. who a job is
-    seen["identity"] = result(cluster, cluster.wait_job(submit(cluster, a, "identity", box, a100))["id"])
+    library, witness = preload_library(box), cluster.root / "preload-witness"  # the witness: where no job writes
+    preload = {"LD_PRELOAD": str(library), "PRELOAD_WITNESS": str(witness)} if library else {}
+    seen["identity"] = result(cluster, cluster.wait_job(submit(cluster, a, "identity", box, a100, **preload))["id"])
     # 2. tenant A holds a secret in its work folder; tenant B tries it, A's process, and the work root
     hold = submit(cluster, a, "hold", box, a100)
     seen["hold"] = result(cluster, hold)
@@ -207,6 +237,7 @@ def test_s12_process_jobs_run_unprivileged_private_and_leave_nothing_behind(clus
            f"data_dirs_listable={len(listable)}/{len(targets['dirs'])} cross_job_read={cross_read} "
            f"cross_job_signal={int(pry['signal'] == 'ok')} work_root_listable={int(pry['list_work_root'] == 'ok')} "
            f"leftover_procs={leftover} uid_reused_only_after_exit={int(reused)} "
+           f"preload_as_root={len(witness.read_text().splitlines()) if witness.exists() else 0 if library else 'n/a'} "
            f"no_new_privs={identity['no_new_privs']} umask={identity['umask']} work_dir={identity['cwd_mode']}")
 
     assert [name for name, s in seen.items() if privileged(s)] == []
@@ -217,4 +248,5 @@ def test_s12_process_jobs_run_unprivileged_private_and_leave_nothing_behind(clus
     assert (pry["list_work"], pry["read_secret"], pry["signal"], pry["list_work_root"]) == (
         "EACCES", "EACCES", "EPERM", "EACCES")
     assert seen["hold"]["uid"] != pry["uid"]
+    assert not witness.exists(), witness.read_text()
     assert leftover == 0 and reused, (leftover, seen["daemon"], seen["reuse"])

@@ -1,16 +1,19 @@
 """Tiny parent of every process workload: runs the command and records its exit code in a file.
 
 Usage: `python -I -S _wrapper.py EXIT_FILE [--lease LEASE_FILE FENCE_S GRACE_S] [--user UID GID GROUPS [--sweep]]
-[--workdir DIR] -- COMMAND [ARG...]`, or `python -I -S _wrapper.py --kill-uid UID`. Standard library only (it runs
-with -S).
+[--workdir DIR] [--env-fd FD] [--no-new-privs] -- COMMAND [ARG...]`, or `python -I -S _wrapper.py --kill-uid UID`.
+Standard library only (it runs with -S).
 
 The wrapper itself keeps the agent's user (root on a node that switches users): it reads the lease file and writes
-the exit code into the agent's private state folder, which the command cannot. It sets no_new_privs on itself (so
-that nothing it starts gains privileges through a set-user-id or file-capability executable), and starts the command
-with umask 077, as UID:GID with exactly the supplementary GROUPS (comma-separated, maybe none) when `--user` is
-given, in DIR (entered as that user, so a folder that user may not enter fails the start: 127). With `--sweep` (a
-transient uid, owned by this job alone) every process of UID is killed once the command ends or is fenced, so a
-job that left the group (setsid, double fork) does not outlive it. `--kill-uid UID` only does that kill.
+the exit code into the agent's private state folder, which the command cannot. So that nothing of the job's reaches
+it, the agent starts it with an empty environment and hands the command's environment over in FD (a JSON object in
+an in-memory file, read and closed at once; without `--env-fd` the command gets the wrapper's environment). With
+`--no-new-privs` it sets no_new_privs on itself (so that nothing it starts gains privileges through a set-user-id or
+file-capability executable). It starts the command with umask 077, as UID:GID with exactly the supplementary GROUPS
+(comma-separated, maybe none) when `--user` is given, in DIR (entered as that user, so a folder that user may not
+enter fails the start: 127). With `--sweep` (a transient uid, owned by this job alone) every process of UID is killed
+once the command ends or is fenced, so a job that left the group (setsid, double fork) does not outlive it.
+`--kill-uid UID` only does that kill.
 
 The wrapper leads the workload's process group, so a signal sent to the group reaches the command directly; the
 wrapper itself only notes SIGTERM/SIGINT/SIGHUP (with a handler, which exec resets to the default in the command)
@@ -30,6 +33,7 @@ to EXIT_FILE, sends SIGTERM to the group, waits GRACE_S, then records 137 and SI
 
 import argparse
 import ctypes
+import json
 import os
 import select
 import signal
@@ -40,7 +44,7 @@ import time
 FENCED_FILE = "fenced"
 PR_SET_NO_NEW_PRIVS = 38
 USAGE = ("usage: _wrapper.py EXIT_FILE [--lease LEASE_FILE FENCE_S GRACE_S] [--user UID GID GROUPS [--sweep]] "
-         "[--workdir DIR] -- COMMAND [ARG...]")
+         "[--workdir DIR] [--env-fd FD] [--no-new-privs] -- COMMAND [ARG...]")
 
 
 #: termination signals received so far (the command, once running, got them from the group itself)
@@ -124,18 +128,19 @@ def kill_uid(uid):
     os.waitpid(pid, 0)
 
 
-def _start(command, user, workdir):
-    """Popen `command` as `user` ((uid, gid, groups) or None: as this process) with umask 077, in `workdir`."""
+def _start(command, user, workdir, env):
+    """Popen `command` as `user` ((uid, gid, groups) or None: as this process) with umask 077, in `workdir`, with
+    `env` (None: this process's)."""
     identity = {} if user is None else {"user": user[0], "group": user[1], "extra_groups": list(user[2])}
     enter = (lambda: os.chdir(workdir)) if workdir else None  # runs after the switch to `user`
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, umask=0o077, preexec_fn=enter, **identity)
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, umask=0o077, preexec_fn=enter, env=env, **identity)
 
 
-def _run(command, exit_file, lease, user=None, sweep=None, workdir=None):
+def _run(command, exit_file, lease, user=None, sweep=None, workdir=None, env=None):
     if _received:
         return 128 + _received[0]
     try:
-        child = _start(command, user, workdir)
+        child = _start(command, user, workdir, env)
     except OSError as exc:
         print(f"gpupool: cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         return 127
@@ -174,6 +179,8 @@ def _options(argv):
     parser.add_argument("--user", nargs=3, metavar=("UID", "GID", "GROUPS"))
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--workdir")
+    parser.add_argument("--env-fd", type=int)
+    parser.add_argument("--no-new-privs", action="store_true")
     options = parser.parse_args(argv)
     if options.user is not None:
         uid, gid, groups = options.user
@@ -194,9 +201,14 @@ def main(argv):
     options = _options(argv[1:split])
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _note)
-    _no_new_privs()
+    if options.no_new_privs:
+        _no_new_privs()
+    env = None
+    if options.env_fd is not None:
+        with os.fdopen(options.env_fd, "rb") as handed:
+            env = json.loads(handed.read())
     sweep = options.user[0] if options.sweep else None
-    code = _run(argv[split + 1:], options.exit_file, options.lease, options.user, sweep, options.workdir)
+    code = _run(argv[split + 1:], options.exit_file, options.lease, options.user, sweep, options.workdir, env)
     if sweep is not None:
         kill_uid(sweep)  # whatever the job left behind, before its end is recorded
     _record(options.exit_file, code)

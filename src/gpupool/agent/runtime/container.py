@@ -105,7 +105,7 @@ class ContainerRuntime(ProcessRuntime):
         host_spec = LaunchSpec(
             spec.allocation_id, spec.attempt, spec.job_id, tuple(argv), spec.env, None, None, gpus, spec.task_index
         )
-        return self._start(host_spec, argv, gpus, AgentUser())
+        return self._start(host_spec, argv, gpus, AgentUser(), no_new_privs=False)  # podman sets it in the container
 
     def stop(self, handle: RunHandle, grace_s: float) -> RunState:
         state = super().stop(handle, grace_s)

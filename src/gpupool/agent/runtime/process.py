@@ -14,8 +14,8 @@ and under the work root (0711: anyone may pass through, nobody may list it), the
                                               working directory when the order names none
 
 The files are what lets a restarted agent `adopt()` workloads that outlived it, refuse to signal a reused pid,
-and learn the exit code of a workload that ended while no agent was watching. The workload cannot write any of them,
-nor read another workload's.
+and learn the exit code of a workload that ended while no agent was watching. A workload with a uid of its own can
+write none of them, nor read another workload's.
 
 Who a workload runs as is the `identity`'s choice (gpupool.agent.runtime.identity): a transient uid, a local
 account, or the agent's own user; in every case with no_new_privs and umask 077 (see the wrapper). A transient uid
@@ -279,9 +279,11 @@ class ProcessRuntime(WorkloadRuntime):
             return False
         return True
 
-    def _start(self, spec: LaunchSpec, argv: list[str], gpus: Sequence[GpuGrant], identity: JobIdentity) -> RunHandle:
+    def _start(self, spec: LaunchSpec, argv: list[str], gpus: Sequence[GpuGrant], identity: JobIdentity, *,
+               no_new_privs: bool = True) -> RunHandle:
         """Start `argv` under the wrapper in a new session, as the user `identity` picks, with the environment of
-        `spec` and `gpus`; persist and return its handle. LaunchError (and nothing left behind) when it cannot."""
+        `spec` and `gpus` (and no_new_privs unless told otherwise); persist and return its handle. LaunchError (and
+        nothing left behind) when it cannot."""
         name = workload_dir_name(spec.allocation_id, spec.attempt)
         state_dir, work_dir = self._root / name, self._work_root / name
         if (state_dir / STATE_FILE).exists():
@@ -292,7 +294,7 @@ class ProcessRuntime(WorkloadRuntime):
             user = identity.user_for(spec, state_dir)
             make_work_dir(work_dir, user)
             env = workload_env(spec, gpus, self._base_env, user.env(work_dir))
-            child = self._spawn(argv, env, spec.workdir or str(work_dir), state_dir, user)
+            child = self._spawn(argv, env, spec.workdir or str(work_dir), state_dir, user, no_new_privs)
         except LaunchError:
             discard(state_dir, work_dir, user)
             raise
@@ -322,10 +324,16 @@ class ProcessRuntime(WorkloadRuntime):
         return handle
 
     def _spawn(
-        self, argv: list[str], env: Mapping[str, str], workdir: str, state_dir: Path, user: JobUser
+        self, argv: list[str], env: Mapping[str, str], workdir: str, state_dir: Path, user: JobUser, no_new_privs: bool
     ) -> subprocess.Popen[bytes]:
-        """The wrapper (as the agent's user, in "/") that runs `argv` as `user` in `workdir`; see _wrapper.py."""
-        options = ["--workdir", workdir]
+        """The wrapper (as the agent's user, in "/", with an empty environment: nothing of the job's, LD_PRELOAD say,
+        may reach it) that runs `argv` as `user` in `workdir` with `env`, handed over in memory; see _wrapper.py."""
+        handed = os.memfd_create("gpupool-job-env")
+        rest = memoryview(json.dumps(dict(env)).encode())
+        while rest:
+            rest = rest[os.write(handed, rest):]
+        os.lseek(handed, 0, os.SEEK_SET)
+        options = ["--workdir", workdir, "--env-fd", str(handed)] + (["--no-new-privs"] if no_new_privs else [])
         if self._fence is not None:
             options += ["--lease", str(self._fence[0]), f"{self._fence[1]:g}", f"{self._fence[2]:g}"]
         if user.uid is not None:
@@ -336,9 +344,10 @@ class ProcessRuntime(WorkloadRuntime):
         fd = os.open(state_dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             return subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, cwd="/",
-                                    env=dict(env), start_new_session=True)
+                                    env={}, pass_fds=(handed,), start_new_session=True)
         finally:
             os.close(fd)
+            os.close(handed)
 
     def _sweep(self, handle: RunHandle) -> bool:
         """Kill every process of the workload's transient uid, waiting up to KILL_WAIT_S until none is left; True when
