@@ -250,3 +250,28 @@ def test_s12_process_jobs_run_unprivileged_private_and_leave_nothing_behind(clus
     assert seen["hold"]["uid"] != pry["uid"]
     assert not witness.exists(), witness.read_text()
     assert leftover == 0 and reused, (leftover, seen["daemon"], seen["reuse"])
+
+
+def test_local_user_mode_runs_each_job_as_its_users_account_and_refuses_the_rest(cluster: Cluster) -> None:
+    """`--run-jobs-as local-user` (Slurm-style): the launch order names the submitting user, the agent runs the job
+    as the local account of that name; the job of a user with no local account, or of one named as root's, fails
+    (its launch is reported failed, the reason in the agent's log), and the node says "local-user"."""
+    cluster.start_agent("site", "1xA100-80GB", extra=("--run-jobs-as", "local-user"))
+    node = cluster.wait_ready(["site"])["site"]
+    assert node["jobs_as"] == "local-user"
+    op, org = cluster.api, "s12-site"
+    assert op.post("/orgs", json={"name": org}).status_code == 201
+    assert op.post("/projects", json={"name": "lab", "org": org}).status_code == 201
+    assert op.post("/queues", json={"name": f"{org}-q", "org": org}).status_code == 201
+    box, outcomes = cluster.drop_box("site"), {}
+    for name in ("nobody", "gpupool-no-such-account", "root"):
+        user = {"name": name, "org": org, "role": "member", "projects": ["lab"]}
+        assert op.post("/users", json=user).status_code == 201, user
+        token = op.post("/tokens", json={"user": name, "org": org}).json()["token"]
+        member = {"client": cluster.server.client(token), "queue": f"{org}-q"}  # type: ignore[union-attr]
+        job = cluster.wait_job(submit(cluster, member, "identity", box, node["gpus"][0]["model"]))
+        outcomes[name] = (job["state"], result(cluster, job["id"])["uid"] if job["state"] == "succeeded" else None)
+    assert outcomes == {"nobody": ("succeeded", 65534), "gpupool-no-such-account": ("failed", None),
+                        "root": ("failed", None)}
+    log = cluster.agents["site"].log()
+    assert "has no account 'gpupool-no-such-account'" in log and "account 'root' is root or in group 0" in log
