@@ -77,10 +77,13 @@ class AgentUser(JobIdentity):
         return JobUser()
 
 
-class RootUser(AgentUser):
+class RootUser(JobIdentity):
     """Jobs run as root, the agent's user: only with `--run-jobs-as root`."""
 
     mode = "root"
+
+    def user_for(self, spec: LaunchSpec, owner: Path) -> JobUser:
+        return JobUser()
 
 
 class LocalUsers(JobIdentity):
