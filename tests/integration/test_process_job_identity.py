@@ -186,6 +186,30 @@ def one_free_uid() -> int:
     return next(u for u in range(60900, 61100) if u not in busy and not names_an_account(u))
 
 
+def read_data_folders(cluster: Cluster, who: dict[str, Any], box: Path,
+                      model: str) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Walk the control plane's and the agents' data folders, and let a job of `who` try every file and folder."""
+    assert cluster.server is not None
+    targets = walk([cluster.server.data_dir, *(agent.data_dir for agent in cluster.agents.values())])
+    (box / "targets.tmp").write_text(json.dumps(targets))
+    (box / "targets.tmp").rename(box / "targets.json")
+    return targets, result(cluster, submit(cluster, who, "read", box, model))
+
+
+def daemon_then_reuse(cluster: Cluster, a: dict[str, Any], b: dict[str, Any], box: Path, model: str,
+                      seen: dict[str, dict[str, Any]]) -> int:
+    """A's job leaves a daemon and ends; then B's job on the same one-uid node. The processes left of A's."""
+    daemon_job = submit(cluster, a, "daemon", box, model)
+    seen["daemon"] = result(cluster, daemon_job)
+    assert cluster.wait_job(daemon_job)["state"] == "succeeded"
+    daemon, uid = read_stat(seen["daemon"]["daemon"]), seen["daemon"]["uid"]
+    others = processes_of(uid) if uid != 0 else []  # (uid 0 would be every root process, not the job's)
+    solo = cluster.agents["solo"].data_dir / "workloads"
+    wait_for(lambda: not list(solo.glob("*/state.json")), 30, "solo to forget the daemon's job (its uid released)")
+    seen["reuse"] = result(cluster, cluster.wait_job(submit(cluster, b, "reuse", box, model))["id"])
+    return int(daemon is not None and not daemon.is_dead) + len(others)
+
+
 def privileged(seen: dict[str, Any]) -> bool:
     return 0 in (seen["uid"], seen["euid"], seen["gid"]) or 0 in seen["groups"]
 
@@ -209,23 +233,11 @@ def test_s12_process_jobs_run_unprivileged_private_and_leave_nothing_behind(clus
     seen["hold"] = result(cluster, hold)
     seen["pry"] = result(cluster, submit(cluster, b, "pry", box, a100))
     # 3. every file and folder of the data folders, while A's workload is recorded in n1's
-    assert cluster.server is not None
-    targets = walk([cluster.server.data_dir, *(agent.data_dir for agent in cluster.agents.values())])
-    (box / "targets.tmp").write_text(json.dumps(targets))
-    (box / "targets.tmp").rename(box / "targets.json")
-    seen["read"] = result(cluster, submit(cluster, b, "read", box, a100))
+    targets, seen["read"] = read_data_folders(cluster, b, box, a100)
     (box / "release").write_text("{}")
     assert cluster.wait_job(hold)["state"] == "succeeded"
     # 4. a daemon outliving its job, on the node with one uid; then the next job there, of the other tenant
-    daemon_job = submit(cluster, a, "daemon", box, h100)
-    seen["daemon"] = result(cluster, daemon_job)
-    assert cluster.wait_job(daemon_job)["state"] == "succeeded"
-    daemon, uid = read_stat(seen["daemon"]["daemon"]), seen["daemon"]["uid"]
-    others = processes_of(uid) if uid != 0 else []  # (uid 0 would be every root process, not the job's)
-    leftover = int(daemon is not None and not daemon.is_dead) + len(others)
-    solo = cluster.agents["solo"].data_dir / "workloads"
-    wait_for(lambda: not list(solo.glob("*/state.json")), 30, "solo to forget the daemon's job (its uid released)")
-    seen["reuse"] = result(cluster, cluster.wait_job(submit(cluster, b, "reuse", box, h100))["id"])
+    leftover = daemon_then_reuse(cluster, a, b, box, h100, seen)
 
     identity, pry, read = seen["identity"], seen["pry"], seen["read"]
     readable = sorted(p for p, outcome in read["files"].items() if outcome == "ok")
