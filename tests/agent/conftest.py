@@ -12,11 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpupool.devtools import jobdirs
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVML_SOURCE = Path(__file__).resolve().parent / "fake_nvml" / "fake_nvml.c"
@@ -88,3 +90,10 @@ def nvml_probe_without_library(tmp_path: Path) -> NvmlProbe:
         return _probe(tmp_path, env)
 
     return run
+
+
+@pytest.fixture
+def job_root() -> Iterator[Path]:
+    """A folder that jobs running as transient uids can pass through (pytest's own are 0700), e.g. for work roots."""
+    with jobdirs.open_folder() as folder:
+        yield folder

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import re
 
 import pytest
@@ -13,7 +14,9 @@ from gpupool.agent.main import (
     EXIT_CONFIG,
     EXIT_CREDENTIAL,
     NODE_FILE,
+    JobSetup,
     NodeIdentity,
+    announce,
     build_registration,
     default_node_name,
     load_identity,
@@ -24,6 +27,7 @@ from gpupool.agent.main import (
     run_agent,
     save_identity,
 )
+from gpupool.agent.runtime.identity import AgentUser, RootUser
 
 IDENTITY = NodeIdentity(
     server="http://cp:8080", name="n1", node_id="node-1", credential="secret", heartbeat_s=5.0, fence_s=40.0,
@@ -51,10 +55,11 @@ def test_a_saved_identity_skips_registration(tmp_path):
     assert got == IDENTITY
 
 
-def test_no_identity_and_no_token_is_a_configuration_error(tmp_path):
+def test_no_identity_and_no_token_is_a_configuration_error(tmp_path, job_root):
     with pytest.raises(ValueError, match="join token"):
         asyncio.run(obtain_identity("http://cp:8080", None, tmp_path, None, asyncio.Event()))
-    assert run_agent("http://127.0.0.1:9", None, tmp_path / "data", "n1", "") == EXIT_CONFIG
+    data = tmp_path / "data"
+    assert run_agent("http://127.0.0.1:9", None, data, "n1", "", work_dir=job_root / "work") == EXIT_CONFIG
     assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
 
 
@@ -67,11 +72,43 @@ def test_machine_resources(tmp_path):
     assert machine_resources(tmp_path / "missing")[1] == 0
 
 
-def test_registration_describes_this_machine_and_its_gpus():
+def test_registration_describes_this_machine_and_its_gpus(tmp_path):
     discovery = FakeDiscovery("2xH100", node="n1")
-    reg = build_registration("abcdef.0123456789abcdef", "n1", "boot", discovery)
+    reg = build_registration("abcdef.0123456789abcdef", "n1", "boot", discovery, JobSetup(AgentUser(), tmp_path))
     assert [g.uuid for g in reg.gpus] == [g.uuid for g in discovery.list_devices()]
     assert reg.cpu_milli > 0 and reg.name == "n1" and reg.boot_id == "boot"
+    assert reg.jobs_as == "agent-user"
+
+
+@pytest.mark.parametrize(
+    ("flags", "want_in_log"),
+    [
+        ({"run_jobs_as": "nobody"}, "--run-jobs-as 'nobody': must be one of dynamic-uid, local-user, root"),
+        ({"job_uid_range": "61184"}, "--job-uid-range '61184': must be FIRST-LAST"),
+        ({"job_uid_range": "0-100"}, "--job-uid-range '0-100': needs 1 <= FIRST <= LAST"),
+        ({"job_uid_range": "65000-65534"}, "--job-uid-range '65000-65534': holds 65534"),
+        ({"job_uid_range": "70000-60000"}, "--job-uid-range '70000-60000': needs 1 <= FIRST <= LAST"),
+    ],
+    ids=["unknown-mode", "one-number", "holds-root", "holds-nobody", "reversed"],
+)
+def test_bad_job_flags_stop_the_agent_before_it_registers(tmp_path, job_root, caplog, flags, want_in_log):
+    token = "abcdef.0123456789abcdef"  # never spent: the flags are checked first
+    assert run_agent("http://127.0.0.1:9", token, tmp_path, "n1", "", work_dir=job_root / "w", **flags) == EXIT_CONFIG
+    assert want_in_log in caplog.text
+
+
+def test_an_agent_that_cannot_switch_users_says_its_jobs_run_as_itself(tmp_path, caplog):
+    announce(JobSetup(AgentUser(), tmp_path))
+    assert "does not run as root, so process jobs run as its own user" in caplog.text
+    announce(JobSetup(RootUser(), tmp_path))
+    assert "process jobs run as ROOT (--run-jobs-as root)" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only an agent running as root gives jobs other uids")
+def test_a_work_root_other_users_cannot_reach_stops_the_agent(tmp_path, caplog):
+    # tmp_path lies under pytest's 0700 folder: a job running as a transient uid could never enter its work folder
+    assert run_agent("http://127.0.0.1:9", None, tmp_path / "data", "n1", "", work_dir=tmp_path / "w") == EXIT_CONFIG
+    assert f"--work-dir {tmp_path / 'w'}: jobs run as other users, who cannot pass" in caplog.text
 
 
 def test_names_and_boot_ids():
@@ -79,10 +116,11 @@ def test_names_and_boot_ids():
     assert new_boot_id() != new_boot_id()
 
 
-def test_a_saved_identity_without_a_pinned_order_key_is_refused(tmp_path):
+def test_a_saved_identity_without_a_pinned_order_key_is_refused(tmp_path, job_root):
     """A node.json from before signed orders pins no key: the agent stops (exit 3) rather than run unverified."""
     save_identity(tmp_path, dataclasses.replace(IDENTITY, order_key=""))
-    assert run_agent("http://cp:8080", None, tmp_path, "n1", "") == EXIT_CREDENTIAL
+    assert run_agent("http://cp:8080", None, tmp_path, "n1", "", work_dir=job_root / "work") == EXIT_CREDENTIAL
+
 
 
 def test_the_join_token_comes_from_the_option_the_variable_or_a_file(tmp_path):

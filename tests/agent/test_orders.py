@@ -159,6 +159,7 @@ CHANGES = {
     "gpus": [],
     "epoch": 6,
     "expires_at": NOW + 121,
+    "user": "mallory",  # a forged user name would run the job as another local account
     "node_id": "node-2",
 }
 

@@ -227,12 +227,17 @@ def test_a_workload_from_another_host_boot_is_not_alive(runtime, tmp_path):
 def test_launch_errors(runtime, tmp_path):
     with pytest.raises(LaunchError, match="image"):
         runtime.launch(shell("true", image="docker.io/library/alpine:3"))
-    with pytest.raises(LaunchError, match="cannot start"):
-        runtime.launch(shell("true", allocation="a-missing-dir", workdir=str(tmp_path / "missing")))
     handle = runtime.launch(shell("true", allocation="a-dup"))
     with pytest.raises(LaunchError, match="already"):
         runtime.launch(shell("true", allocation="a-dup"))
     wait_exit(runtime, handle)
+
+
+def test_a_workdir_the_job_cannot_enter_exits_127(runtime, tmp_path):
+    # entered as the job's user, so that an answer never tells whether a folder it may not see exists
+    handle = runtime.launch(shell("true", workdir=str(tmp_path / "missing")))
+    assert wait_exit(runtime, handle) == RunState("exited", 127)
+    assert "cannot enter the working directory" in handle.log_path.read_text()
 
 
 def test_unknown_command_exits_127(runtime):

@@ -3,6 +3,7 @@ does (`Tab`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ except ImportError:  # the tests skip (see conftest.py)
 
 from gpupool.agent.runtime.process import load_handle
 from gpupool.agent.runtime.procfs import host_boot_id, read_stat
+from gpupool.devtools import jobdirs
 from gpupool.devtools.harness import Server, stop_server, wait_for
 
 CHROMIUM = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")  # the ELF binary first: the wrapper script is noisy
@@ -47,6 +49,14 @@ class Live:
     root: Path
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     clients: list[httpx.Client] = field(default_factory=list)
+    folders: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    jobs_folder: Path | None = None
+
+    def work_root(self, name: str) -> Path:
+        """Agent `name`'s job work folders, where jobs running as transient uids can reach them (not under root)."""
+        if self.jobs_folder is None:
+            self.jobs_folder = self.folders.enter_context(jobdirs.open_folder())
+        return self.jobs_folder / name
 
     @property
     def url(self) -> str:
@@ -116,7 +126,8 @@ def start_agent(live: Live, name: str, gpus: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     join = live.ok(live.operator.post("/join-tokens", json={}), 201)["token"]
     command = [sys.executable, "-m", "gpupool.cli.main", "agent", "--server", live.url, "--join-token", join,
-               "--data-dir", str(folder / "data"), "--name", name, "--fake-gpus", gpus]
+               "--data-dir", str(folder / "data"), "--name", name, "--fake-gpus", gpus,
+               "--work-dir", str(live.work_root(name))]
     with open(folder / "agent.log", "ab") as log:
         live.agents[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -144,6 +155,7 @@ def stop_live(live: Live) -> None:
     for client in live.clients:
         client.close()
     stop_server(live.server)
+    live.folders.close()
 
 
 def _kill_workloads(agents: Path) -> None:

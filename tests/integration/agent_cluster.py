@@ -3,11 +3,18 @@ benchmark (benchmarks/agents.py imports this module).
 
 Agents run as `python -m gpupool.cli.main agent ...`, each with its own data dir under the cluster's root, optionally
 behind a command prefix (e.g. `ip netns exec NS`). On exit the cluster stops its agents, SIGKILLs every workload
-process they left behind (found through the runtime's state files, with pid-reuse checks), and stops the server.
+process they left behind (found through the runtime's state files, with pid-reuse checks; every process of a
+transient uid too), and stops the server.
+
+Jobs run as transient uids when the tests run as root (issue 41), and such a job can reach neither pytest's 0700
+temporary folders nor a Python under /root. So each cluster has a `jobs_folder` anyone may pass through: the agents'
+work roots live there, `drop_box` makes folders in it where jobs may leave files for the test, and job commands run
+`JOB_PYTHON` (gpupool.devtools.jobdirs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,8 +27,9 @@ from typing import Any
 
 import httpx
 
-from gpupool.agent.runtime.process import load_handle
+from gpupool.agent.runtime.process import kill_uid_processes, load_handle
 from gpupool.agent.runtime.procfs import host_boot_id, read_stat
+from gpupool.devtools import jobdirs
 from gpupool.devtools.harness import Server, start_server, stop_server, wait_for
 from gpupool.server.check import run_checks
 
@@ -37,12 +45,14 @@ SCALED = {
     "GPUPOOL_REQUEUE_RATE_PER_S": "2",  # lost nodes requeued: 0.1 node/s scaled by 20, burst 1
 }
 AGENT = [sys.executable, "-m", "gpupool.cli.main", "agent"]
+JOB_PYTHON = jobdirs.job_python()
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
 
 # A workload that records its attempt: one file per attempt in DIR with "start PID T", "tick T" every 50 ms and
 # "done T" after SECONDS; it prints what it saw first (the log tests read it).
 MARKER_SCRIPT = """
 import os, sys, time
+os.umask(0)  # a restart of the attempt may run as another transient uid: it must be able to append
 folder, seconds = sys.argv[1], float(sys.argv[2])
 attempt = os.environ["GPUPOOL_ATTEMPT"]
 print(f"attempt={attempt} pid={os.getpid()} CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
@@ -59,7 +69,8 @@ with open(os.path.join(folder, f"attempt-{attempt}"), "a") as out:
 
 
 def marker_command(folder: Path, seconds: float) -> list[str]:
-    return [sys.executable, "-c", MARKER_SCRIPT, str(folder), str(seconds)]
+    """The marker workload writing into `folder` (a `Cluster.drop_box`)."""
+    return [JOB_PYTHON, "-c", MARKER_SCRIPT, str(folder), str(seconds)]
 
 
 @dataclass
@@ -125,6 +136,11 @@ class Agent:
                 pids.append(handle.pgid)
         return pids
 
+    def transient_uids(self) -> list[int]:
+        """The transient uids of this boot that this node's workloads still record."""
+        handles = [load_handle(state) for state in (self.data_dir / "workloads").glob("*/state.json")]
+        return [h.uid for h in handles if h and h.uid_claim and h.uid is not None and h.host_boot_id == host_boot_id()]
+
 
 @dataclass
 class Cluster:
@@ -138,9 +154,11 @@ class Cluster:
     server: Server | None = None
     agents: dict[str, Agent] = field(default_factory=dict)
     _client: httpx.Client | None = None
+    _folders: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> Cluster:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.jobs_folder = self._folders.enter_context(jobdirs.open_folder())
         env = dict(self.env)
         if self.server_host:
             env["GPUPOOL_HOST"] = self.server_host
@@ -164,12 +182,15 @@ class Cluster:
                     os.killpg(pgid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            for uid in agent.transient_uids():  # what left the group (setsid, double fork)
+                kill_uid_processes(uid)
         if self._client is not None:
             self._client.close()
         if self.server is not None:
             stop_server(self.server)
             # RELIABILITY.md §2.1: every run ends with the invariant checker (double allocation, ledger, ...)
             self.violations = run_checks(self.db_url)
+        self._folders.close()
 
     # API ---------------------------------------------------------------------------------------
 
@@ -187,6 +208,10 @@ class Cluster:
     def url(self) -> str:
         assert self.server is not None
         return self.server.url
+
+    def drop_box(self, name: str) -> Path:
+        """A folder in `jobs_folder` where jobs of any uid may leave files for the test (1777, like /tmp)."""
+        return jobdirs.drop_box(self.jobs_folder / "boxes" / name)
 
     def join_token(self) -> str:
         response = self.api.post("/join-tokens", json={})
@@ -236,7 +261,7 @@ class Cluster:
         assert not agent.alive, f"agent {name} already runs"
         agent.prefix, agent.server_url = tuple(prefix), server_url or self.url
         command = [*agent.prefix, *AGENT, "--server", agent.server_url, "--data-dir", str(agent.data_dir),
-                   "--name", name, "--fake-gpus", fake_gpus]
+                   "--name", name, "--fake-gpus", fake_gpus, "--work-dir", str(self.jobs_folder / "work" / name)]
         if join:
             command += ["--join-token", self.join_token()]
         command += extra

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from agent_cluster import Cluster, marker_command, read_marker, wait_for
@@ -71,14 +70,13 @@ def test_jobs_run_end_to_end_with_logs_exit_codes_and_release(cluster: Cluster):
     assert all(node["state"] == "ready" for node in cluster.nodes().values())
 
 
-def test_kill_9_of_an_agent_requeues_its_job_elsewhere_without_overlap(cluster: Cluster, tmp_path: Path):
+def test_kill_9_of_an_agent_requeues_its_job_elsewhere_without_overlap(cluster: Cluster):
     """SIGKILL leaves the workload without its agent: nothing may run attempt 1 alongside attempt 2."""
     names = ["a", "b", "c"]
     for name in names:
         cluster.start_agent(name)
     cluster.wait_ready(names)
-    markers = tmp_path / "markers"
-    markers.mkdir()
+    markers = cluster.drop_box("markers")
     job_id = cluster.submit(command=marker_command(markers, 8), gpus="1")
     wait_for(lambda: read_marker(markers / "attempt-1"), 20, "attempt 1 to start")
     victim = cluster.job(job_id)["allocations"][0]["node"]
@@ -104,14 +102,13 @@ def test_kill_9_of_an_agent_requeues_its_job_elsewhere_without_overlap(cluster: 
           "after attempt 1 ended")
 
 
-def test_graceful_agent_restart_re_adopts_the_running_workload(make_cluster, tmp_path: Path):
+def test_graceful_agent_restart_re_adopts_the_running_workload(make_cluster):
     # F 8 s / G 12 s here: the new agent (a new Python process) must reach the control plane within F of the last
     # frame the old one heard, or the workload's watchdog fences it; 2 s is too tight on a busy 2-core machine.
     cluster: Cluster = make_cluster(GPUPOOL_FENCE_S="8", GPUPOOL_LOST_AFTER_S="12")
     agent = cluster.start_agent("a")
     cluster.wait_ready(["a"])
-    markers = tmp_path / "markers"
-    markers.mkdir()
+    markers = cluster.drop_box("markers")
     job_id = cluster.submit(command=marker_command(markers, 5), gpus="1")
     before = wait_for(lambda: read_marker(markers / "attempt-1"), 20, "attempt 1 to start")
     cluster.wait_job(job_id, states=["running"])
@@ -188,7 +185,7 @@ class Veth:
         return ["ip", "netns", "exec", self.ns]
 
 
-def test_partitioned_agent_self_fences_before_its_node_is_lost(make_cluster, tmp_path: Path):
+def test_partitioned_agent_self_fences_before_its_node_is_lost(make_cluster):
     why = _netns_unavailable()
     if why is not None:
         pytest.skip(f"partition test needs network namespaces: {why}")
@@ -202,8 +199,7 @@ def test_partitioned_agent_self_fences_before_its_node_is_lost(make_cluster, tmp
         cluster.wait_ready(["cut", "b", "c"])
         for name in ("b", "c"):  # attempt 1 must land on the node in the namespace
             assert cluster.api.post(f"/nodes/{name}/cordon").status_code == 200
-        markers = tmp_path / "markers"
-        markers.mkdir()
+        markers = cluster.drop_box("markers")
         job_id = cluster.submit(command=marker_command(markers, 8), gpus="1")
         wait_for(lambda: read_marker(markers / "attempt-1"), 20, "attempt 1 to start")
         for name in ("b", "c"):

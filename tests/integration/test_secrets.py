@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_cluster import Cluster
+from agent_cluster import JOB_PYTHON, Cluster
 
 from gpupool.devtools.figures import figure
 
 pytestmark = pytest.mark.slow
 
-PRINT_DIGEST = [sys.executable, "-c", "import hashlib, os; print('digest=' + hashlib.sha256("
+PRINT_DIGEST = [JOB_PYTHON, "-c", "import hashlib, os; print('digest=' + hashlib.sha256("
                 "os.environ['GP_SECRET'].encode()).hexdigest(), 'plain=' + os.environ.get('GP_PLAIN', ''))"]
 
 

@@ -493,7 +493,8 @@ def relayed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         a, b = _behind(cluster, relay, f"RelayA{suffix}"), _behind(cluster, relay, f"RelayB{suffix}")
         identities = {x.name: json.loads((x.data_dir / "node.json").read_text()) for x in (a, b)}
         world = Relayed(cluster, relay, a, b, {n: i["credential"] for n, i in identities.items()},
-                        {n: i["node_id"] for n, i in identities.items()}, tmp_path_factory.mktemp("witness"))
+                        {n: i["node_id"] for n, i in identities.items()},
+                        cluster.drop_box(f"witness-{suffix}"))  # jobs run as transient uids: where they may write
         wait_for(lambda: {c for c, _ in relay.up} >= set(world.credentials.values()), 30, "both agents on the relay")
         control = _run_to_the_end(world, "control")  # the relay itself changes nothing
         assert control["state"] == "succeeded" and (world.witness / "control").exists()

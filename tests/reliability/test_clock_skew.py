@@ -61,17 +61,16 @@ def billing_error(cluster: Cluster, job_id: str, folder: Path) -> tuple[str, flo
 
 
 def test_t4_skewed_agents_are_not_lost_run_first_time_and_bill_within_a_heartbeat(
-        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch):
     for name, skew in SKEWS.items():
         monkeypatch.setenv("GPUPOOL_TEST_CLOCK_SKEW_S", str(skew))
         cluster.start_agent(name)
     monkeypatch.delenv("GPUPOOL_TEST_CLOCK_SKEW_S")
     cluster.wait_ready(list(SKEWS), timeout_s=60)
     ready_at = time.monotonic()
-    folders = [tmp_path / f"job{i}" for i in range(2 * len(SKEWS))]
+    folders = [cluster.drop_box(f"job{i}") for i in range(2 * len(SKEWS))]
     jobs = []
     for folder in folders:
-        folder.mkdir()
         jobs.append(cluster.submit(command=marker_command(folder, JOB_S), gpus="1"))
     finished = [cluster.wait_job(j, timeout_s=60) for j in jobs]
     time.sleep(max(0.0, ready_at + 2 * G - time.monotonic()))

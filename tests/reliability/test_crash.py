@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from agent_cluster import SCALED, Cluster, read_marker, wait_for
+from agent_cluster import JOB_PYTHON, SCALED, Cluster, read_marker, wait_for
 from crashkit import (
     Submission,
     Submitter,
@@ -47,6 +46,7 @@ from crashkit import (
     percentile,
 )
 
+from gpupool.devtools import jobdirs
 from gpupool.devtools.figures import figure, soak
 from gpupool.devtools.harness import (
     Postgres,
@@ -73,6 +73,7 @@ CRASH_POINTS = ("binder.after_allocation_insert", "jobs.before_job_update", "job
 ENV = {**SCALED, "GPUPOOL_FENCE_S": "60", "GPUPOOL_LOST_AFTER_S": "65"}
 MARKER = """
 import os, sys, time
+os.umask(0)  # a restart of the attempt may run as another transient uid: it must be able to append
 path = os.path.join(sys.argv[1], "attempt-" + os.environ["GPUPOOL_ATTEMPT"])
 with open(path, "a") as out:
     out.write(f"start {os.getpid()} {time.time():.6f}\\n")
@@ -138,9 +139,8 @@ def job_shares(plan: Plan, schedule: list[str | None]) -> list[int]:
 def submissions(plan: Plan, markers: Path, rng: random.Random) -> list[Submission]:
     out = []
     for i in range(plan.jobs):
-        folder = markers / f"job-{i:04d}"
-        folder.mkdir(parents=True)
-        command = [sys.executable, "-c", MARKER, str(folder), f"{rng.uniform(0.2, 1.5):.2f}"]
+        folder = jobdirs.drop_box(markers / f"job-{i:04d}")
+        command = [JOB_PYTHON, "-c", MARKER, str(folder), f"{rng.uniform(0.2, 1.5):.2f}"]
         out.append(Submission(f"t1-{i:04d}", {"command": command, "gpus": "1", "cpus": "0.1", "memory_mib": 64}))
     return out
 
@@ -234,8 +234,12 @@ def workload_restarts(markers: Path) -> list[str]:
 
 
 def crash_run(root: Path, plan: Plan, backend: str, database_url: str | None, seed: int) -> None:
+    with jobdirs.open_folder() as shared:  # jobs run as transient uids: their markers go where they can write
+        _crash_run(root, shared / "markers", plan, backend, database_url, seed)
+
+
+def _crash_run(root: Path, markers: Path, plan: Plan, backend: str, database_url: str | None, seed: int) -> None:
     rng = random.Random(seed)
-    markers = root / "markers"
     work = submissions(plan, markers, rng)
     schedule = kill_plan(plan, rng)
     tally = Tally()

@@ -20,7 +20,6 @@ import errno
 import shutil
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_cluster import SCALED, Cluster, wait_for
+from agent_cluster import JOB_PYTHON, SCALED, Cluster, wait_for
 from crashkit import Submission, Submitter, integrity_ok, jobs_per_key
 from sqlalchemy.exc import OperationalError
 
@@ -142,7 +141,7 @@ def test_t6_disk_full_answers_507_loses_nothing_and_recovers(tmp_path: Path):
         pytest.skip("T6 needs `mount` to make a small filesystem")
     root = tmp_path / "t6"
     with small_disk(root / "cp") as kind:
-        work = [Submission(f"t6-{i:03d}", {"command": [sys.executable, "-c", "import time; time.sleep(0.3)"],
+        work = [Submission(f"t6-{i:03d}", {"command": [JOB_PYTHON, "-c", "import time; time.sleep(0.3)"],
                                            "gpus": "1", "cpus": "0.1", "memory_mib": 64}) for i in range(60)]
         tally = Episodes()
         with Cluster(root, env=dict(SCALED)) as cluster:

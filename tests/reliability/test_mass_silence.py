@@ -123,12 +123,12 @@ def partial_silence(cluster: Cluster, names: list[str]) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_t8_mass_silence_engages_the_guard_and_a_partial_one_is_declared_lost(cluster: Cluster, tmp_path: Path):
+def test_t8_mass_silence_engages_the_guard_and_a_partial_one_is_declared_lost(cluster: Cluster):
     names = [f"m{i}" for i in range(AGENTS)]
     for name in names:
         cluster.start_agent(name)
     cluster.wait_ready(names, timeout_s=90)
-    jobs = [cluster.submit(command=marker_command(tmp_path, 120), gpus="2") for _ in names]
+    jobs = [cluster.submit(command=marker_command(cluster.drop_box("markers"), 120), gpus="2") for _ in names]
     for job_id in jobs:
         cluster.wait_job(job_id, ("running",), timeout_s=60)
     scraper = Scraper(cluster.url)

@@ -113,20 +113,19 @@ def pg_cluster(own_postgres: Postgres, tmp_path: Path) -> Iterator[Cluster]:
     assert not violations, "invariants broken:\n" + "\n".join(violations)
 
 
-def run_jobs(cluster: Cluster, tmp_path: Path, count: int, seconds: float) -> list[str]:
+def run_jobs(cluster: Cluster, count: int, seconds: float) -> list[str]:
     """`count` one-GPU marker jobs running `seconds`; returns their ids once all run."""
-    folder = tmp_path / f"markers-{uuid.uuid4().hex[:6]}"
-    folder.mkdir()
+    folder = cluster.drop_box(f"markers-{uuid.uuid4().hex[:6]}")
     ids = [cluster.submit(command=marker_command(folder, seconds), gpus="1") for _ in range(count)]
     for job_id in ids:
         cluster.wait_job(job_id, ("running",), timeout_s=60)
     return ids
 
 
-def db_outage(cluster: Cluster, pg: Postgres, tmp_path: Path) -> dict[str, object]:
+def db_outage(cluster: Cluster, pg: Postgres) -> dict[str, object]:
     """Phase 1 of the module docstring; returns its figures."""
-    jobs = run_jobs(cluster, tmp_path, 2 * AGENTS - 2, seconds=3 * G + OUTAGE_S)
-    jobs += run_jobs(cluster, tmp_path, 1, seconds=2.0)  # ends in the outage: its report waits, then is re-sent
+    jobs = run_jobs(cluster, 2 * AGENTS - 2, seconds=3 * G + OUTAGE_S)
+    jobs += run_jobs(cluster, 1, seconds=2.0)  # ends in the outage: its report waits, then is re-sent
     prober = Prober(cluster.url, cluster.server.token)
     prober.start()
     time.sleep(0.2)
@@ -150,9 +149,9 @@ def db_outage(cluster: Cluster, pg: Postgres, tmp_path: Path) -> dict[str, objec
             "recover_s": (prober.first_ok_after(up) or up) - up, "ready": len(nodes)}
 
 
-def cp_restart(cluster: Cluster, tmp_path: Path) -> dict[str, object]:
+def cp_restart(cluster: Cluster) -> dict[str, object]:
     """Phase 2 of the module docstring; returns its figures."""
-    jobs = run_jobs(cluster, tmp_path, AGENTS, seconds=6 * G)
+    jobs = run_jobs(cluster, AGENTS, seconds=6 * G)
     assert cluster.server is not None
     stop_server(cluster.server)
     time.sleep(OUTAGE_S)
@@ -166,13 +165,12 @@ def cp_restart(cluster: Cluster, tmp_path: Path) -> dict[str, object]:
             "fenced_requeues": sum("fenced" in m for m in messages)}
 
 
-def test_t7_database_outage_and_cp_restart_mark_no_node_lost(pg_cluster: Cluster, own_postgres: Postgres,
-                                                           tmp_path: Path):
+def test_t7_database_outage_and_cp_restart_mark_no_node_lost(pg_cluster: Cluster, own_postgres: Postgres):
     for i in range(AGENTS):
         pg_cluster.start_agent(f"n{i}")
     pg_cluster.wait_ready([f"n{i}" for i in range(AGENTS)], timeout_s=60)
-    outage = db_outage(pg_cluster, own_postgres, tmp_path)
-    restart = cp_restart(pg_cluster, tmp_path)
+    outage = db_outage(pg_cluster, own_postgres)
+    restart = cp_restart(pg_cluster)
     figure(f"T7  db_outage=1.5G lost_marked={outage['lost']:.0f} requeues={outage['requeues']} "
            f"api_during={dict(outage['during'])} api_500={outage['all_5xx']} recover_s={outage['recover_s']:.1f} ; "
            f"cp_down=1.5G lost_marked={restart['lost']:.0f} lost_requeues={restart['lost_requeues']:.0f} "

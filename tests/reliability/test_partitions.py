@@ -100,9 +100,7 @@ class Net:
 
     def markers(self) -> Path:
         self.runs += 1
-        folder = self.root / f"run{self.runs}"
-        folder.mkdir()
-        return folder
+        return self.cluster.drop_box(f"run{self.runs}")
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,7 @@ from gpupool.protocol.agent import (
     Certificate,
     Heartbeat,
     Hello,
+    JobsAs,
     Launch,
     Registration,
     RegistrationReply,
@@ -262,6 +263,7 @@ class ChannelConfig:
     node_id: str = ""  # orders naming another node are refused
     order_key: str = ""  # the pinned control-plane key (base64); without one every order is refused
     untrusted_images: bool | None = None  # the container-toolkit verdict, said in every Hello (gpupool.agent.toolkit)
+    jobs_as: JobsAs | None = None  # who process jobs run as, said in every Hello (gpupool.agent.runtime.identity)
 
     def __post_init__(self) -> None:
         if min(self.heartbeat_s, self.fence_s, self.tick_s) <= 0 or self.kill_grace_s < 0:
@@ -418,7 +420,7 @@ class Channel:
         """Hello, then reader, writer and heartbeats until one of them ends or `stop` is set."""
         hello = Hello(
             boot_id=self._config.boot_id, seq=self.outbox.next_seq(), running=self.workloads.running_reports(),
-            untrusted_images=self._config.untrusted_images,
+            untrusted_images=self._config.untrusted_images, jobs_as=self._config.jobs_as,
         )
         await conn.send(hello.model_dump_json())
         self.connected = True

@@ -1,6 +1,6 @@
 """The node agent's entry point: discover devices, register once, adopt surviving workloads, run the channel.
 
-`run_agent` is what `gpupool agent` calls. Files under `data_dir` (created 0700):
+`run_agent` is what `gpupool agent` calls. Files under `data_dir` (0700, made so at every start; the agent's alone):
 
     node.json        node id, credential, heartbeat_s, fence_s, kill_grace_s and the control plane's order key from
                      registration (0600); it means "registered": a restarted agent reuses it and never spends a join
@@ -15,6 +15,12 @@
 The join token (first start only) comes from `--join-token` (shown by `ps`), $GPUPOOL_JOIN_TOKEN or
 `--join-token-file` (read_join_token). It registers a new node name only: a registered node keeps its identity in
 node.json, and its name is free for a new token only after an operator's `gpupool node reset NAME`.
+
+Jobs run as `--run-jobs-as` says (gpupool.agent.runtime.identity; default: a transient uid per job from
+`--job-uid-range`, when the agent runs as root; the agent's own user otherwise, which the log says loudly), each in
+its own 0700 folder under the work root (`--work-dir`, default DATA_DIR's sibling "<name>-work", made 0711 so that
+a job reaches its own folder and lists nobody's). Jobs that switch users must be able to pass every parent folder
+of the work root: the agent refuses to start otherwise.
 
 Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
 agent process adopts them, provided it reaches the control plane within `fence_s` of the last frame this one heard;
@@ -35,6 +41,7 @@ import random
 import re
 import signal
 import socket
+import stat
 import uuid
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -53,6 +60,8 @@ from gpupool.agent.channel import (
 from gpupool.agent.clock import WallClock
 from gpupool.agent.devices import DeviceDiscovery, open_discovery
 from gpupool.agent.runtime.container import DEFAULT_USER, open_runtime, podman_path
+from gpupool.agent.runtime.identity import JobIdentity, TransientUsers, open_identity
+from gpupool.agent.runtime.uids import DEFAULT_RANGE
 from gpupool.agent.timing import DEFAULT_KILL_GRACE_S, Backoff, reconnect_cap_s
 from gpupool.agent.tls import ChannelTls, Renewal, csr_for, new_key
 from gpupool.protocol.agent import Registration
@@ -63,6 +72,55 @@ NODE_FILE = "node.json"
 EPOCH_FILE = "epoch"
 WORKLOADS_DIR = "workloads"
 EXIT_OK, EXIT_CONFIG, EXIT_CREDENTIAL = 0, 2, 3
+
+
+@dataclass(frozen=True)
+class JobSetup:
+    """Who process jobs run as, and the work root that holds their work folders."""
+
+    identity: JobIdentity
+    work_root: Path
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, made if needed, with mode 0700 (also when it existed with another mode)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def job_setup(jobs_as: str, uid_range: str, work_dir: str | Path | None, data_dir: Path) -> JobSetup:
+    """Check the job flags (ValueError naming the flag) and make the work root (0711; default: `data_dir`'s sibling
+    "<name>-work"). When jobs switch users, every folder from / down to the work root must let others pass."""
+    identity = open_identity(jobs_as, uid_range)
+    root = (Path(work_dir) if work_dir else data_dir.absolute().with_name(data_dir.absolute().name + "-work"))
+    root = root.absolute()
+    root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    root.chmod(0o711)
+    closed = next((folder for folder in [root, *root.parents] if not folder.stat().st_mode & stat.S_IXOTH), None)
+    if identity.switches and closed is not None:
+        raise ValueError(f"--work-dir {root}: jobs run as other users, who cannot pass {closed} (mode "
+                         f"{stat.S_IMODE(closed.stat().st_mode):o}); choose a work folder every parent of which "
+                         "others may enter (o+x)")
+    return JobSetup(identity, root)
+
+
+def announce(setup: JobSetup) -> None:
+    """Say in the log who jobs run as; loudly when that is the agent's own user or root."""
+    identity, root = setup.identity, setup.work_root
+    if isinstance(identity, TransientUsers):
+        uids = identity.claims.range
+        log.info("process jobs run as transient uids %d-%d (gid = uid, no supplementary groups, no_new_privs); "
+                 "work folders in %s", uids.first, uids.last, root)
+    elif identity.mode == "local-user":
+        log.info("process jobs run as the local account named as their gpupool user; work folders in %s", root)
+    elif identity.mode == "root":
+        log.warning("process jobs run as ROOT (--run-jobs-as root): every job can read this node's credentials "
+                    "and every other job's data")
+    else:
+        log.warning("this agent does not run as root, so process jobs run as its own user (uid %d) and can read "
+                    "everything it can, its data folder included; run the agent as root to give each job a "
+                    "transient uid of its own", os.geteuid())
 
 
 @dataclass(frozen=True)
@@ -154,8 +212,10 @@ def read_join_token(given: str | None, path: Path | None) -> str | None:
     return token
 
 
-def build_registration(join_token: str, name: str, boot_id: str, discovery: DeviceDiscovery) -> Registration:
-    """This machine's registration, with the container-toolkit verdict (gpupool.agent.toolkit) of what is on PATH."""
+def build_registration(join_token: str, name: str, boot_id: str, discovery: DeviceDiscovery,
+                       jobs: JobSetup | None = None) -> Registration:
+    """This machine's registration, with the container-toolkit verdict (gpupool.agent.toolkit) of what is on PATH
+    and who its jobs run as (`jobs`; None: not said)."""
     cpu_milli, memory_mib = machine_resources()
     gpus = discovery.list_devices()
     return Registration(
@@ -166,6 +226,7 @@ def build_registration(join_token: str, name: str, boot_id: str, discovery: Devi
         memory_mib=memory_mib,
         gpus=gpus,
         untrusted_images=toolkit.untrusted_images(podman_path(), toolkit.ctk_path(), gpus),
+        jobs_as=jobs.identity.mode if jobs is not None else "unknown",
     )
 
 
@@ -221,22 +282,27 @@ def run_agent(
     heartbeat_s: float | None = None,
     cp_key_hash: str | None = None,
     ca_hash: str | None = None,
+    run_jobs_as: str = "dynamic-uid",
+    job_uid_range: str = DEFAULT_RANGE,
+    work_dir: str | Path | None = None,
 ) -> int:
-    """Run the node agent until SIGTERM/SIGINT; see the module docstring for files and exit codes.
+    """Run the node agent until SIGTERM/SIGINT; see the module docstring for files, job identities and exit codes.
 
     `fake_gpus` is a FakeDiscovery spec ("" for a GPU-less node); None means real GPUs through NVML.
     `heartbeat_s` overrides the control plane's heartbeat interval. `cp_key_hash` ("sha256:<hex>") pins the
-    control plane's order key at registration, `ca_hash` ("sha256:<hex>") its agent CA.
+    control plane's order key at registration, `ca_hash` ("sha256:<hex>") its agent CA. `run_jobs_as`,
+    `job_uid_range` and `work_dir` are the job flags (`job_setup`).
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    directory = Path(data_dir)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory = private_dir(Path(data_dir))
     node_name = name or default_node_name()
     try:
+        jobs = job_setup(run_jobs_as, job_uid_range, work_dir, directory)
+        announce(jobs)
         with open_discovery(fake_gpus, node=node_name) as discovery:
             return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s, cp_key_hash,
-                                      ca_hash))
+                                      ca_hash, jobs=jobs))
     except (RegistrationError, ValueError) as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
@@ -251,10 +317,12 @@ async def _agent(
     heartbeat_s: float | None,
     cp_key_hash: str | None = None,
     ca_hash: str | None = None,
+    *,
+    jobs: JobSetup,
 ) -> int:
     stop = _stop_on_signals()
     boot_id = new_boot_id()
-    registration = build_registration(join_token, name, boot_id, discovery) if join_token else None
+    registration = build_registration(join_token, name, boot_id, discovery, jobs) if join_token else None
     identity = await obtain_identity(server, join_token, data_dir, registration, stop, cp_key_hash, ca_hash)
     if identity is None:
         return EXIT_OK
@@ -270,7 +338,8 @@ async def _agent(
                   data_dir / NODE_FILE)
         return EXIT_CREDENTIAL
     runtime = open_runtime(data_dir / WORKLOADS_DIR, fence_s=identity.fence_s, fence_grace_s=identity.kill_grace_s,
-                           user=os.environ.get("GPUPOOL_CONTAINER_USER", DEFAULT_USER))
+                           user=os.environ.get("GPUPOOL_CONTAINER_USER", DEFAULT_USER), identity=jobs.identity,
+                           work_root=jobs.work_root)
     adopted = runtime.adopt()
     log.info("boot %s: adopted %d workload(s) from %s", boot_id, len(adopted), runtime.directory)
     config = ChannelConfig(
@@ -287,6 +356,7 @@ async def _agent(
         node_id=identity.node_id,
         order_key=identity.order_key,
         untrusted_images=toolkit.untrusted_images(podman_path(), toolkit.ctk_path(), discovery.list_devices()),
+        jobs_as=jobs.identity.mode,
     )
     try:
         skew_s = float(os.environ.get("GPUPOOL_TEST_CLOCK_SKEW_S", "0"))  # tests of clock skew (RELIABILITY.md T4)

@@ -233,8 +233,13 @@ def queue_create(name: str, parent: str | None = typer.Option(None), guaranteed_
         fail(exc)
 
 
+#: how `gpupool nodes` shows who a node's process jobs run as (protocol.agent.JobsAs)
+JOBS_AS = {"dynamic-uid": "dynamic uid", "local-user": "local user", "agent-user": "agent user",
+           "root": "[bold red]ROOT[/]", "unknown": "unknown"}
+
+
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Nodes and their GPUs: allocated fraction, utilisation, temperature."""
+    """Nodes and their GPUs (allocated fraction, utilisation, temperature), and who their process jobs run as."""
     try:
         data = Client().get("/nodes")
     except ApiError as exc:
@@ -242,7 +247,9 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
         return
     for node in data:
         node["gpu_summary"] = ", ".join(f"{g['model']}:{g['allocated_milli'] / 1000:g}" for g in node["gpus"])
-    show(data, as_json, [("node", "name"), ("state", "state"), ("cordoned", "cordoned"),
+        if not as_json:
+            node["jobs_as"] = JOBS_AS.get(node.get("jobs_as", ""), "unknown")
+    show(data, as_json, [("node", "name"), ("state", "state"), ("cordoned", "cordoned"), ("jobs as", "jobs_as"),
                          ("GPUs (model:allocated)", "gpu_summary"), ("last seen", "last_seen")], title="nodes")
 
 

@@ -43,7 +43,13 @@ def agent(server_url: str = typer.Option(..., "--server", help="control plane UR
           cp_key_hash: str | None = typer.Option(None, help="sha256:<hex> of the control plane's order key "
                                                             "(line 2 of its DATA_DIR/order-signing.pub)"),
           ca_hash: str | None = typer.Option(None, help="sha256:<hex> of the control plane's agent CA key (printed "
-                                                        "by `gpupool join-token create`); refuse to join another")
+                                                        "by `gpupool join-token create`); refuse to join another"),
+          run_jobs_as: str = typer.Option("dynamic-uid", help="dynamic-uid (a transient uid per job), local-user "
+                                                              "(the account named as the job's gpupool user) or "
+                                                              "root; an agent not running as root runs jobs as "
+                                                              "itself"),
+          job_uid_range: str = typer.Option("61184-65519", help="the transient uids of dynamic-uid, FIRST-LAST"),
+          work_dir: Path | None = typer.Option(None, help="where jobs' own work folders go (default: DATA_DIR-work)")
           ) -> None:
     """Run a node agent: discovers GPUs, dials out to the control plane (mTLS), runs granted work."""
     from gpupool.agent.main import EXIT_CONFIG, read_join_token, run_agent
@@ -54,7 +60,8 @@ def agent(server_url: str = typer.Option(..., "--server", help="control plane UR
         error(str(exc))
         raise typer.Exit(EXIT_CONFIG) from None
     raise typer.Exit(run_agent(server_url, token, data_dir, name or os.uname().nodename, fake_gpus,
-                               cp_key_hash=cp_key_hash, ca_hash=ca_hash))
+                               cp_key_hash=cp_key_hash, ca_hash=ca_hash, run_jobs_as=run_jobs_as,
+                               job_uid_range=job_uid_range, work_dir=work_dir))
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
@@ -71,15 +78,19 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60
     raise RuntimeError("the control plane did not become ready within 60 s")
 
 
-def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs, admin token"),
+def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs, admin token (made 0700)"),
        port: int = typer.Option(8181, min=1, max=65535),
-       fake_gpus: str | None = typer.Option(None, help="FAKE GPUs for the local agent, e.g. 2xA100-80GB")) -> None:
+       fake_gpus: str | None = typer.Option(None, help="FAKE GPUs for the local agent, e.g. 2xA100-80GB"),
+       work_dir: Path | None = typer.Option(None, help="the local agent's job work folders (default: "
+                                                       "DATA_DIR-work; outside DATA_DIR, which jobs cannot enter)")
+       ) -> None:
     """All-in-one: control plane on SQLite + one local agent. Ctrl-C stops both."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    for private in (data_dir, data_dir / "logs"):  # the service user's alone: keys, tokens, database, logs
+        private.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private.chmod(0o700)
     url = f"http://127.0.0.1:{port}"
     exe = [sys.executable, "-m", "gpupool.cli.main"]
     logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
     server_proc = subprocess.Popen([*exe, "server", "--data-dir", str(data_dir), "--port", str(port)],
                                    stdout=open(logs / "server.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
     children = [server_proc]
@@ -87,7 +98,8 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
     try:
         _wait_healthy(url, server_proc)
         token = (data_dir / "admin.token").read_text().strip()
-        agent_args = [*exe, "agent", "--server", url, "--data-dir", str(data_dir / "agent"), "--name", "local"]
+        agent_args = [*exe, "agent", "--server", url, "--data-dir", str(data_dir / "agent"), "--name", "local",
+                      "--work-dir", str(work_dir or data_dir.absolute().with_name(data_dir.absolute().name + "-work"))]
         if not (data_dir / "agent" / "node.json").exists():
             join = httpx.post(f"{url}/api/v1/join-tokens", json={"ttl_s": 600},
                               headers={"Authorization": f"Bearer {token}"}, timeout=10).json()

@@ -41,6 +41,9 @@ ExitCode = Annotated[int, Field(ge=0, le=255)]
 Protocol = Annotated[int, Field(ge=1, le=1000)]
 MAX_WORKLOADS = 4096
 MAX_LAUNCH_ENV = 256  # a job's env (128) and secret_env (64), and what the control plane adds
+#: who the node's process jobs run as (gpupool.agent.runtime.identity): a transient uid per job, the submitting
+#: user's local account, the agent's own (non-root) user, or root; "unknown" for an agent that does not say
+JobsAs = Literal["dynamic-uid", "local-user", "agent-user", "root", "unknown"]
 
 
 class _Frame(BaseModel):
@@ -61,6 +64,7 @@ class Registration(_Frame):
     untrusted_images: bool = Field(default=False, description="the node's container toolkit is safe for any "
                                                               "tenant's image (gpupool.agent.toolkit); else no job "
                                                               "with an image is placed on it")
+    jobs_as: JobsAs = Field(default="unknown", description="who the node's process jobs run as")
     protocol: Protocol = PROTOCOL_VERSION
 
 
@@ -92,6 +96,8 @@ class Hello(_Frame):
     protocol: Protocol = PROTOCOL_VERSION
     untrusted_images: bool | None = Field(default=None, description="the node's container-toolkit verdict as of "
                                                                     "this boot (as in Registration); None: unsaid")
+    jobs_as: JobsAs | None = Field(default=None, description="who the node's process jobs run as, this boot (as in "
+                                                             "Registration); None: unsaid")
 
 
 class Heartbeat(_Frame):
@@ -161,6 +167,7 @@ class Launch(_Frame):
     gpus: list[GpuGrant] = Field(default_factory=list)
     epoch: int = Field(ge=0)
     expires_at: float
+    user: str = ""  # the submitting user's name: the local account of a node that runs jobs as local users
     node_id: str = ""  # the node this order is for (set when sealed)
     signature: str = ""  # base64 Ed25519 over signing.canonical(order)
 

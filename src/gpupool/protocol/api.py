@@ -435,6 +435,9 @@ class NodeOut(_Response):
     last_seen: UtcTime | None
     untrusted_images: bool = Field(default=False, description="runs jobs with an image (its agent found a "
                                                                "container toolkit safe for any tenant's image)")
+    jobs_as: str = Field(default="unknown", description="who its process jobs run as: dynamic-uid (a transient uid "
+                                                        "per job), local-user, agent-user (the agent's own, not "
+                                                        "root), root, or unknown (an agent that does not say)")
 
 
 class UsageRow(_Response):

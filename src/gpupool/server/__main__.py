@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:  # before serving: a schema that cannot be migrated safely is refused with its reason, not a traceback
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        settings.data_dir.chmod(0o700)  # keys, tokens, database and logs: the service user's alone (issue 41)
         migrate(settings.db_url)
     except SchemaMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -447,6 +447,7 @@ class AgentHub:
                 return rejected
         if isinstance(frame, Hello):
             self._vouch(node_id, frame.untrusted_images)
+            self._note_jobs_as(node_id, frame.jobs_as)
             self._reconcile(node_id, frame)
         elif isinstance(frame, TaskStatus):
             assert self.lifecycle is not None
@@ -505,6 +506,14 @@ class AgentHub:
                 node.untrusted_images = untrusted_images
         if changed:
             self.reload_nodes()
+
+    def _note_jobs_as(self, node_id: str, jobs_as: str | None) -> None:
+        """Keep who the node's jobs run as, as its agent says on connecting (None: unsaid, kept); shown only."""
+        if jobs_as is not None:
+            with self.db.session() as session:
+                node = session.get(Node, node_id)
+                if node is not None:
+                    node.jobs_as = jobs_as
 
     def _reconcile(self, node_id: str, hello: Hello) -> None:
         """After a (re)connect: resend launches the agent never got, stop work it should not run.
@@ -694,7 +703,7 @@ def _record_node(session: Session, reg: Registration, node: Node | None) -> Node
         session.add(node)
         session.flush()
     node.cpu_milli, node.memory_mib, node.site, node.rack = reg.cpu_milli, reg.memory_mib, reg.site, reg.rack
-    node.untrusted_images = reg.untrusted_images
+    node.untrusted_images, node.jobs_as = reg.untrusted_images, reg.jobs_as
     node.state, node.boot_id, node.last_seen = "ready", reg.boot_id, datetime.now(UTC)
     _record_gpus(session, node.id, reg.gpus)
     return node

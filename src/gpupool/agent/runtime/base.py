@@ -27,7 +27,8 @@ class LaunchSpec:
     """Everything a runtime needs to start one attempt; built from a protocol `Launch` by `from_launch`.
 
     `gpus` lists the granted devices in the order the workload will see them (CUDA ordinal 0 is `gpus[0]`);
-    a grant's `uuid` is a MIG instance UUID when the grant is a MIG slice.
+    a grant's `uuid` is a MIG instance UUID when the grant is a MIG slice. `user` is the submitting user's name (the
+    local account of a node that runs jobs as local users).
     """
 
     allocation_id: str
@@ -39,6 +40,7 @@ class LaunchSpec:
     image: str | None = None
     gpus: tuple[GpuGrant, ...] = ()
     task_index: int = 0
+    user: str = ""
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -60,6 +62,7 @@ class LaunchSpec:
             image=order.image,
             gpus=tuple(order.gpus),
             task_index=order.task_index,
+            user=order.user,
         )
 
     @property
@@ -74,7 +77,9 @@ class RunHandle:
     `pid` is the process the runtime started (its process group is `pgid`); `start_ticks` is that process's start
     time from /proc/<pid>/stat and `host_boot_id` the kernel boot it ran in: together they tell a live workload from
     a reused pid. `started_at` is wall-clock seconds. `note` is a short free-form marker the agent attaches
-    (e.g. "fenced") that survives a restart.
+    (e.g. "fenced") that survives a restart. `uid` is the user the workload runs as (None: the agent's own);
+    `uid_claim` the claim file of a transient uid (gpupool.agent.runtime.uids; empty for any other identity): every
+    process of that uid belongs to the workload. `work_dir` is the workload's own work folder.
     """
 
     allocation_id: str
@@ -88,6 +93,9 @@ class RunHandle:
     host_boot_id: str = ""
     state_dir: Path | None = None
     note: str = ""
+    uid: int | None = None
+    uid_claim: str = ""
+    work_dir: Path | None = None
 
     @property
     def key(self) -> WorkloadKey:
@@ -125,7 +133,8 @@ class WorkloadRuntime(ABC):
       final state. It is safe to call on an exited workload, and from a worker thread.
     * `adopt` returns the handles of every workload recorded on disk, running or not, so a restarted agent can
       re-attach to them and report the ones that ended while it was down.
-    * `forget` deletes what the runtime keeps for an exited workload; call it once its end has been reported.
+    * `forget` deletes what the runtime keeps for an exited workload; call it once its end has been reported. It
+      raises RuntimeError while the workload (or, for a transient uid, any process of its uid) still runs.
     """
 
     @abstractmethod

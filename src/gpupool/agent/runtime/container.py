@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.agent.runtime.base import LaunchError, LaunchSpec, RunHandle, RunState
-from gpupool.agent.runtime.process import ProcessRuntime, gpupool_env, workload_dir_name, workload_env
+from gpupool.agent.runtime.identity import AgentUser
+from gpupool.agent.runtime.process import ProcessRuntime, gpupool_env, workload_dir_name
 from gpupool.protocol.agent import GpuGrant
 from gpupool.protocol.api import image_registry
 
@@ -99,11 +100,12 @@ class ContainerRuntime(ProcessRuntime):
             argv = podman_argv(self._podman, spec, gpus, cdi=self._cdi, user=self._user)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-        # podman itself runs on the host, with the host cwd: the workdir applies inside the container only.
+        # podman itself runs on the host as the agent (rootful podman; the container's user is `user`), in the work
+        # folder: the workdir applies inside the container only.
         host_spec = LaunchSpec(
             spec.allocation_id, spec.attempt, spec.job_id, tuple(argv), spec.env, None, None, gpus, spec.task_index
         )
-        return self._start(host_spec, argv, workload_env(spec, gpus, self._base_env))
+        return self._start(host_spec, argv, gpus, AgentUser(), no_new_privs=False)  # podman sets it in the container
 
     def stop(self, handle: RunHandle, grace_s: float) -> RunState:
         state = super().stop(handle, grace_s)

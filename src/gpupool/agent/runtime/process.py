@@ -1,15 +1,26 @@
 """Run workloads as plain processes, each in its own session and process group, under a tiny exit-code wrapper.
 
-Layout under the runtime's directory, one folder per (allocation, attempt):
+Layout under the runtime's directory (0700, the agent's alone), one folder per (allocation, attempt):
 
-    <dir>/<allocation>.<attempt>/state.json   pid, pgid, /proc start ticks, host boot id, log path, note (0600)
+    <dir>/<allocation>.<attempt>/state.json   pid, pgid, /proc start ticks, host boot id, log path, note, uid (0600)
     <dir>/<allocation>.<attempt>/output.log   the workload's stdout and stderr (0600)
     <dir>/<allocation>.<attempt>/exit_code    written by the wrapper (or by `stop` after a SIGKILL)
     <dir>/<allocation>.<attempt>/fenced       created by the wrapper when it self-fenced the workload
     <dir>/lease                               when the agent last heard from the control plane (see below)
 
+and under the work root (0711: anyone may pass through, nobody may list it), the workload's own work folder:
+
+    <work root>/<allocation>.<attempt>/       0700, owned by the user the workload runs as; its HOME, TMPDIR and
+                                              working directory when the order names none
+
 The files are what lets a restarted agent `adopt()` workloads that outlived it, refuse to signal a reused pid,
-and learn the exit code of a workload that ended while no agent was watching.
+and learn the exit code of a workload that ended while no agent was watching. A workload with a uid of its own can
+write none of them, nor read another workload's.
+
+Who a workload runs as is the `identity`'s choice (gpupool.agent.runtime.identity): a transient uid, a local
+account, or the agent's own user; in every case with no_new_privs and umask 077 (see the wrapper). A transient uid
+is the workload's alone: when it ends or is stopped every process of that uid is killed (a job that left its group
+by setsid or a double fork included), and `forget` releases the uid only once none is left.
 
 With `fence_s` set (the agent sets it), every wrapper is also the workload's watchdog: `renew_lease` records the
 CLOCK_MONOTONIC time the agent last heard from the control plane, and a wrapper whose lease is older than `fence_s`
@@ -38,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpupool.agent.clock import Clock, MonotonicClock, WallClock
+from gpupool.agent.runtime import uids
 from gpupool.agent.runtime._wrapper import FENCED_FILE
 from gpupool.agent.runtime.base import (
     RUNNING,
@@ -48,6 +60,7 @@ from gpupool.agent.runtime.base import (
     WorkloadKey,
     WorkloadRuntime,
 )
+from gpupool.agent.runtime.identity import AgentUser, JobIdentity, JobUser
 from gpupool.agent.runtime.procfs import PROC, host_boot_id, read_stat, reap_if_child
 from gpupool.protocol.agent import GpuGrant
 
@@ -62,7 +75,7 @@ LOG_FILE = "output.log"
 LEASE_FILE = "lease"
 KILL_WAIT_S = 5.0
 POLL_STEP_S = 0.02
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def gpu_env(gpus: Sequence[GpuGrant]) -> dict[str, str]:
@@ -99,10 +112,13 @@ def gpupool_env(spec: LaunchSpec, gpus: Sequence[GpuGrant]) -> dict[str, str]:
     }
 
 
-def workload_env(spec: LaunchSpec, gpus: Sequence[GpuGrant], base_env: Mapping[str, str]) -> dict[str, str]:
-    """The whole environment: `BASE_ENV_KEYS` from `base_env` (PATH defaulted), then `spec.env`, then gpupool's."""
+def workload_env(spec: LaunchSpec, gpus: Sequence[GpuGrant], base_env: Mapping[str, str],
+                 account: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment: `BASE_ENV_KEYS` from `base_env` (PATH defaulted), then `account` (the variables of the
+    user the workload runs as: `JobUser.env`), then `spec.env`, then gpupool's."""
     env = {key: base_env[key] for key in BASE_ENV_KEYS if key in base_env}
     env.setdefault("PATH", DEFAULT_PATH)
+    env.update(account or {})
     env.update(spec.env)
     env.update(gpupool_env(spec, gpus))
     return env
@@ -126,7 +142,9 @@ class ProcessRuntime(WorkloadRuntime):
 
     Thread-safe: `stop` may run in a worker thread while the event loop polls. `clock` and `sleep` drive the
     grace-period waits; `wall_clock` stamps `started_at`; `proc` is the /proc root. `fence_s` (None: no watchdog)
-    and `fence_grace_s` configure the wrappers' self-fencing (see the module docstring).
+    and `fence_grace_s` configure the wrappers' self-fencing (see the module docstring). `identity` says who
+    workloads run as (default: the agent's own user); `work_root` holds their work folders (default: the
+    directory's sibling "work").
     """
 
     def __init__(
@@ -141,10 +159,17 @@ class ProcessRuntime(WorkloadRuntime):
         proc: Path = PROC,
         fence_s: float | None = None,
         fence_grace_s: float = 10.0,
+        identity: JobIdentity | None = None,
+        work_root: Path | None = None,
     ) -> None:
         self._root = Path(directory).absolute()  # workloads and their wrappers run in other directories
         self._fence = None if fence_s is None else (self._root / LEASE_FILE, fence_s, fence_grace_s)
         self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._root.chmod(0o700)
+        self.identity = identity if identity is not None else AgentUser()
+        self._work_root = Path(work_root).absolute() if work_root is not None else self._root.parent / "work"
+        self._work_root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        self._work_root.chmod(0o711)
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._clock = clock if clock is not None else MonotonicClock()
         self._wall = wall_clock if wall_clock is not None else WallClock()
@@ -164,7 +189,7 @@ class ProcessRuntime(WorkloadRuntime):
         if spec.image is not None:
             raise LaunchError(f"image {spec.image!r} given, but this node runs plain processes only (no podman)")
         gpus = spec.gpus if devices is None else tuple(devices)
-        return self._start(spec, list(spec.command), workload_env(spec, gpus, self._base_env))
+        return self._start(spec, list(spec.command), gpus, self.identity)
 
     def environment(self, spec: LaunchSpec, devices: Sequence[GpuGrant] | None = None) -> dict[str, str]:
         """The environment `launch` would give `spec` (for inspection and tests)."""
@@ -184,7 +209,13 @@ class ProcessRuntime(WorkloadRuntime):
         return RunState("exited", read_exit_code(handle))
 
     def stop(self, handle: RunHandle, grace_s: float) -> RunState:
-        """SIGTERM the process group, wait `grace_s`, SIGKILL it, wait up to KILL_WAIT_S; the final state."""
+        """SIGTERM the process group, wait `grace_s`, SIGKILL it, wait up to KILL_WAIT_S; the final state. Then, for a
+        transient uid, kill every process of that uid that outlived the group."""
+        state = self._stop_group(handle, grace_s)
+        self._sweep(handle)
+        return state
+
+    def _stop_group(self, handle: RunHandle, grace_s: float) -> RunState:
         state = self.poll(handle)
         if not state.running:
             return state
@@ -204,11 +235,18 @@ class ProcessRuntime(WorkloadRuntime):
         return sorted(handles, key=lambda h: (h.started_at, h.allocation_id, h.attempt))
 
     def forget(self, handle: RunHandle) -> None:
-        """Delete the workload's folder (state, exit code and log); RuntimeError while it still runs."""
+        """Delete the workload's folders (state, exit code, log; work folder) and release its transient uid;
+        RuntimeError while it still runs, or while a process of its transient uid is left after a kill."""
         if self.poll(handle).running:
             raise RuntimeError(f"workload {handle.key} still runs; stop it before forgetting it")
+        if not self._sweep(handle):
+            raise RuntimeError(f"workload {handle.key}: processes of uid {handle.uid} survive SIGKILL; uid kept")
         with self._lock:
             self._children.pop(handle.key, None)
+        if handle.work_dir is not None:
+            shutil.rmtree(handle.work_dir, ignore_errors=True)
+        if handle.uid_claim and handle.state_dir is not None:
+            uids.release(Path(handle.uid_claim), handle.state_dir)
         if handle.state_dir is not None:
             shutil.rmtree(handle.state_dir, ignore_errors=True)
 
@@ -241,14 +279,29 @@ class ProcessRuntime(WorkloadRuntime):
             return False
         return True
 
-    def _start(self, spec: LaunchSpec, argv: list[str], env: Mapping[str, str]) -> RunHandle:
-        """Start `argv` under the wrapper in a new session; persist and return its handle."""
-        state_dir = self._root / workload_dir_name(spec.allocation_id, spec.attempt)
+    def _start(self, spec: LaunchSpec, argv: list[str], gpus: Sequence[GpuGrant], identity: JobIdentity, *,
+               no_new_privs: bool = True) -> RunHandle:
+        """Start `argv` under the wrapper in a new session, as the user `identity` picks, with the environment of
+        `spec` and `gpus` (and no_new_privs unless told otherwise); persist and return its handle. LaunchError (and
+        nothing left behind) when it cannot."""
+        name = workload_dir_name(spec.allocation_id, spec.attempt)
+        state_dir, work_dir = self._root / name, self._work_root / name
         if (state_dir / STATE_FILE).exists():
             raise LaunchError(f"workload {spec.key} already has a record on this node")
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        user = JobUser()
+        try:
+            user = identity.user_for(spec, state_dir)
+            make_work_dir(work_dir, user)
+            env = workload_env(spec, gpus, self._base_env, user.env(work_dir))
+            child = self._spawn(argv, env, spec.workdir or str(work_dir), state_dir, user, no_new_privs)
+        except LaunchError:
+            discard(state_dir, work_dir, user)
+            raise
+        except OSError as exc:
+            discard(state_dir, work_dir, user)
+            raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
         log_path = state_dir / LOG_FILE
-        child = self._spawn(argv, env, spec.workdir or str(state_dir), log_path, state_dir / EXIT_FILE)
         stat = read_stat(child.pid, self._proc)
         handle = RunHandle(
             allocation_id=spec.allocation_id,
@@ -261,6 +314,9 @@ class ProcessRuntime(WorkloadRuntime):
             start_ticks=stat.start_ticks if stat is not None else None,
             host_boot_id=self._boot_id,
             state_dir=state_dir,
+            uid=user.uid,
+            uid_claim=user.claim,
+            work_dir=work_dir,
         )
         with self._lock:
             self._children[spec.key] = child
@@ -268,25 +324,44 @@ class ProcessRuntime(WorkloadRuntime):
         return handle
 
     def _spawn(
-        self, argv: list[str], env: Mapping[str, str], cwd: str, log_path: Path, exit_path: Path
+        self, argv: list[str], env: Mapping[str, str], workdir: str, state_dir: Path, user: JobUser, no_new_privs: bool
     ) -> subprocess.Popen[bytes]:
-        lease = [] if self._fence is None else [str(self._fence[0]), f"{self._fence[1]:g}", f"{self._fence[2]:g}"]
-        wrapped = [self._python, "-I", "-S", str(WRAPPER), str(exit_path), *lease, "--", *argv]
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        """The wrapper (as the agent's user, in "/", with an empty environment: nothing of the job's, LD_PRELOAD say,
+        may reach it) that runs `argv` as `user` in `workdir` with `env`, handed over in memory; see _wrapper.py."""
+        handed = os.memfd_create("gpupool-job-env")
+        rest = memoryview(json.dumps(dict(env)).encode())
+        while rest:
+            rest = rest[os.write(handed, rest):]
+        os.lseek(handed, 0, os.SEEK_SET)
+        options = ["--workdir", workdir, "--env-fd", str(handed)] + (["--no-new-privs"] if no_new_privs else [])
+        if self._fence is not None:
+            options += ["--lease", str(self._fence[0]), f"{self._fence[1]:g}", f"{self._fence[2]:g}"]
+        if user.uid is not None:
+            options += ["--user", str(user.uid), str(user.gid), ",".join(str(g) for g in user.groups)]
+        if user.claim:
+            options.append("--sweep")
+        wrapped = [self._python, "-I", "-S", str(WRAPPER), str(state_dir / EXIT_FILE), *options, "--", *argv]
+        fd = os.open(state_dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            return subprocess.Popen(
-                wrapped,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=dict(env),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise LaunchError(f"cannot start {argv[0]!r} in {cwd!r}: {exc}") from exc
+            return subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, cwd="/",
+                                    env={}, pass_fds=(handed,), start_new_session=True)
         finally:
             os.close(fd)
+            os.close(handed)
+
+    def _sweep(self, handle: RunHandle) -> bool:
+        """Kill every process of the workload's transient uid, waiting up to KILL_WAIT_S until none is left; True when
+        none is. Nothing to do for another identity, or for a workload of an earlier boot (its uid's claim is gone
+        with that boot, so the uid may be another workload's now)."""
+        if not handle.uid_claim or handle.uid is None or handle.host_boot_id != self._boot_id:
+            return True
+        deadline = self._clock.now() + KILL_WAIT_S
+        while uids.processes_of(handle.uid, self._proc):
+            if self._clock.now() > deadline:
+                return False
+            kill_uid_processes(handle.uid, self._python)
+            self._sleep(POLL_STEP_S)
+        return True
 
     def _child(self, key: WorkloadKey) -> subprocess.Popen[bytes] | None:
         with self._lock:
@@ -323,6 +398,30 @@ class ProcessRuntime(WorkloadRuntime):
             self._sleep(min(POLL_STEP_S, remaining))
 
 
+def kill_uid_processes(uid: int, python: str = sys.executable) -> None:
+    """SIGKILL every process of the job uid `uid` at once (needs root), through the wrapper's `--kill-uid`: the fork
+    it takes is safe there (single-threaded), not in the agent."""
+    subprocess.run([python, "-I", "-S", str(WRAPPER), "--kill-uid", str(uid)], stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=KILL_WAIT_S, check=False)
+
+
+def make_work_dir(path: Path, user: JobUser) -> None:
+    """A fresh 0700 work folder at `path`, owned by `user` (a leftover of an earlier try is removed first)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    path.chmod(0o700)
+    if user.uid is not None:
+        os.chown(path, user.uid, user.gid if user.gid is not None else -1)
+
+
+def discard(state_dir: Path, work_dir: Path, user: JobUser) -> None:
+    """Undo a launch that did not start: its folders and its uid claim."""
+    shutil.rmtree(work_dir, ignore_errors=True)
+    if user.claim:
+        uids.release(Path(user.claim), state_dir)
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
 def read_exit_code(handle: RunHandle) -> int | None:
     """The recorded exit code of `handle`, or None when none (or an unreadable one, or one outside the shell
     convention's 0..255, e.g. written by the workload itself) is recorded."""
@@ -345,7 +444,8 @@ def write_handle(handle: RunHandle) -> None:
     if handle.state_dir is None:
         raise ValueError("a handle without a state folder cannot be persisted")
     record = {field.name: getattr(handle, field.name) for field in dataclasses.fields(handle)}
-    record.update(version=STATE_VERSION, log_path=str(handle.log_path), state_dir=str(handle.state_dir))
+    record.update(version=STATE_VERSION, log_path=str(handle.log_path), state_dir=str(handle.state_dir),
+                  work_dir=None if handle.work_dir is None else str(handle.work_dir))
     _write_atomic(handle.state_dir / STATE_FILE, json.dumps(record, sort_keys=True))
 
 
@@ -356,6 +456,7 @@ def load_handle(path: Path) -> RunHandle | None:
         record.pop("version", None)
         record["log_path"] = Path(record["log_path"])
         record["state_dir"] = path.parent
+        record["work_dir"] = None if record.get("work_dir") is None else Path(record["work_dir"])
         return RunHandle(**record)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         log.warning("ignoring unreadable workload state %s: %s", path, exc)

@@ -177,6 +177,8 @@ class Node(Base):
     #: the agent found a container toolkit safe for any tenant's image (nvidia-ctk >= 1.17.8); only such nodes
     #: run jobs with an image
     untrusted_images: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: who the node's process jobs run as, as its agent says (protocol.agent.JobsAs)
+    jobs_as: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
 
 
 class AgentCertificate(Base):

@@ -31,7 +31,7 @@ from gpupool.core import Bind, Decision, Evict, JobSpec
 from gpupool.core.decisions import Move
 from gpupool.protocol.agent import GpuGrant, Launch, Stop
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, new_id, utcnow
+from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, User, new_id, utcnow
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry, running_task
@@ -66,6 +66,7 @@ class Binder:
         self.db, self.cache, self.orders = db, cache, orders
         self.launch_ttl_s, self.grace_s = launch_ttl_s, grace_s
         self.fence = fence
+        self._user_names: dict[str, str] = {}  # user id -> name, for launch orders (names never change)
 
     def apply(self, decisions: Sequence[Decision], jobs: dict[str, JobSpec], epoch: int) -> int:
         """Apply decisions; returns the number of jobs started."""
@@ -167,7 +168,8 @@ class Binder:
             if p.spec.get("secret_env"):
                 order = self.launch(p.allocation, epoch, now)  # reads and opens the sealed values
             else:
-                order = self._order(p.allocation, self.cache.nodes[p.bind.node], p.spec, {}, epoch, now)
+                order = self._order(p.allocation, self.cache.nodes[p.bind.node], p.spec, {}, epoch, now,
+                                    self._user_name(p.job.user))
             self.orders.send(p.allocation.node_id, order)
 
     def launch(self, allocation: Allocation, epoch: int, now: float) -> Launch:
@@ -178,18 +180,26 @@ class Binder:
             assert job is not None
             spec = job.spec
             secret = self.keyring.open_job(session, job) if self.keyring and spec.get("secret_env") else {}
+            user_id = job.user_id
         entry = next(e for e in self.cache.nodes.values() if e.node_id == allocation.node_id)
-        return self._order(allocation, entry, spec, secret, epoch, now)
+        return self._order(allocation, entry, spec, secret, epoch, now, self._user_name(user_id))
+
+    def _user_name(self, user_id: str) -> str:
+        """The name of user `user_id` ("" if there is none), which a node running jobs as local users needs."""
+        if user_id not in self._user_names:
+            with self.db.session() as session:
+                self._user_names[user_id] = session.scalar(select(User.name).where(User.id == user_id)) or ""
+        return self._user_names[user_id]
 
     def _order(self, allocation: Allocation, entry: NodeEntry, spec: dict[str, Any], secret: dict[str, str],
-               epoch: int, now: float) -> Launch:
+               epoch: int, now: float, user: str) -> Launch:
         grants = [GpuGrant(uuid=entry.spec.gpus[i].uuid, index=i, milli=m, memory_mib=mem)
                   for i, m, mem in allocation.shares]
         env = {**spec.get("env", {}), **secret, "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
         fields = dict(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
                       task_index=allocation.task_index, command=spec["command"], env=env,
                       workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
-                      expires_at=now + self.launch_ttl_s, node_id=allocation.node_id)
+                      expires_at=now + self.launch_ttl_s, user=user, node_id=allocation.node_id)
         try:
             return Launch(**fields)
         except ValidationError:  # a job stored before the launch rules (protocol.launch): its node answers "failed"

@@ -139,7 +139,7 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
                                              .order_by(Gpu.index))]
         out.append(api.NodeOut(name=node.name, state=node.state, cordoned=node.cordoned, cpu_milli=node.cpu_milli,
                                memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen,
-                               untrusted_images=node.untrusted_images))
+                               untrusted_images=node.untrusted_images, jobs_as=node.jobs_as))
     return out
 
 
