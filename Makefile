@@ -48,7 +48,7 @@ FIGURES := reports/.figures.txt
 SECURITY := tests/server/test_isolation.py tests/server/test_fuzz.py tests/server/test_security.py \
   tests/server/test_untrusted_input.py tests/server/test_workload_isolation.py tests/agent/test_runtime_container.py \
   tests/agent/test_toolkit_gate.py tests/agent/test_gpu_visibility.py tests/core/test_share_groups.py \
-  tests/server/test_cancel_race.py
+  tests/server/test_cancel_race.py tests/server/test_cancel_final.py
 soak: install system-deps
 	mkdir -p reports && rm -f $(FIGURES)
 	GPUPOOL_SOAK=1 GPUPOOL_FIGURES=$(abspath $(FIGURES)) GPUPOOL_SHARED=$(SHARED) \
