@@ -102,7 +102,7 @@ class Binder:
                 continue
             row.state = "stopping"
             row.release_reason = "preempted"
-            if _requeued(session, row.job_id):
+            if _requeued(session, row.job_id, row.attempt):
                 session.add(JobEvent(job_id=row.job_id, kind="preempted", message="evicted to make room; requeued"))
             stops.append((row.node_id, Stop(allocation_id=row.id, attempt=row.attempt, grace_s=self.grace_s,
                                             reason="preempted")))
@@ -205,12 +205,12 @@ def _claim(session: Session, attempts: dict[str, int]) -> dict[str, int]:
     return {job_id: attempts[job_id] for job_id in changed.scalars()}
 
 
-def _requeued(session: Session, job_id: str) -> bool:
-    """Send a preempted job back to pending if it is still scheduled or running (compare-and-set: a job cancelled
-    or ended meanwhile stays as it is); True if it went back."""
+def _requeued(session: Session, job_id: str, attempt: int) -> bool:
+    """Send a preempted job back to pending if it is still scheduled or running at `attempt` (compare-and-set: a job
+    cancelled or ended meanwhile stays as it is); True if it went back."""
     jobs = Job.__table__
-    result = session.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.state.in_(("scheduled", "running")))
-                             .values(state="pending", preemptions=jobs.c.preemptions + 1))
+    result = session.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.attempt == attempt, jobs.c.state.in_(
+        ("scheduled", "running"))).values(state="pending", preemptions=jobs.c.preemptions + 1))
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import event, func, select
@@ -32,6 +33,19 @@ from gpupool.server.services.metering import aware
 
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
 PLACED = ("scheduled", "running")
+NOT_FINAL = ("pending_approval", "pending", *PLACED)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job ends before its tasks do: its final state, its event (kind and message), the reason its stop orders
+    carry, and the reason the job shows (None: it keeps its own)."""
+
+    state: str
+    kind: str
+    message: str
+    stop_reason: str
+    reason: dict[str, object] | None = None
 
 
 class Lifecycle:
@@ -91,7 +105,8 @@ class Lifecycle:
             return
         allocation.started_at = utcnow()
         siblings = self._open(session, job.id, allocation.attempt)
-        if all(a.state == "running" for a in siblings) and _move(session, job, "running", ("scheduled",)):
+        if all(a.state == "running" for a in siblings) and _move(session, job, "running", ("scheduled",),
+                                                                  allocation.attempt):
             job.started_at = job.started_at or utcnow()
             session.add(JobEvent(job_id=job.id, kind="running", message=f"attempt {job.attempt} started"))
 
@@ -104,11 +119,12 @@ class Lifecycle:
         if job.attempt != allocation.attempt or job.state in TERMINAL:
             return True
         if status.state in ("fenced", "refused") or allocation.release_reason == "preempted":
-            self._requeue(session, job, f"task {allocation.task_index}: {status.state} {status.message}".strip())
+            self._requeue(session, job, allocation.attempt,
+                          f"task {allocation.task_index}: {status.state} {status.message}".strip())
         elif status.state == "failed" or (status.exit_code or 0) != 0:
-            self._finish(session, job, "failed", status.exit_code)
+            self._finish(session, job, allocation.attempt, "failed", status.exit_code)
         elif not self._open(session, job.id, job.attempt):
-            self._finish(session, job, "succeeded", 0)
+            self._finish(session, job, allocation.attempt, "succeeded", 0)
         return True
 
     def _open(self, session: Session, job_id: str, attempt: int) -> list[Allocation]:
@@ -116,37 +132,37 @@ class Lifecycle:
             Allocation.job_id == job_id, Allocation.attempt == attempt,
             Allocation.state.in_(OPEN_ALLOCATION_STATES))))
 
-    def _finish(self, session: Session, job: Job, state: str, exit_code: int | None) -> None:
-        if not _move(session, job, state, PLACED):
-            return  # cancelled (or ended) meanwhile: that stands
+    def _finish(self, session: Session, job: Job, attempt: int, state: str, exit_code: int | None) -> None:
+        if not _move(session, job, state, PLACED, attempt):
+            return  # cancelled, ended or requeued meanwhile: that stands
         job.exit_code, job.finished_at = exit_code, utcnow()
         session.add(JobEvent(job_id=job.id, kind=state, message=f"exit code {exit_code}"))
-        self._stop_all(session, job, state)
+        self._stop_all(session, job, state, attempt)
 
-    def _requeue(self, session: Session, job: Job, why: str) -> None:
-        if _move(session, job, "pending", PLACED):
+    def _requeue(self, session: Session, job: Job, attempt: int, why: str) -> None:
+        """Send the job back to pending if it is still placed at `attempt`; stop that attempt's other tasks."""
+        if _move(session, job, "pending", PLACED, attempt):
             session.add(JobEvent(job_id=job.id, kind="requeued", message=why))
-        self._stop_all(session, job, "requeued")
+        self._stop_all(session, job, "requeued", attempt)
 
-    def _end(self, session: Session, job: Job, state: str, reason: dict[str, object] | None, kind: str,
-             message: str, stop_reason: str) -> bool:
-        """End a job that is not final yet as `state` (compare-and-set), with `reason` (None: keep its own) and an
-        event at the moment it ended (taken under the job's lock), and stop every open allocation of it; False when
-        it was final already."""
-        if not _move(session, job, state, NOT_FINAL):
+    def _end(self, session: Session, job: Job, ending: Ending, attempt: int | None = None) -> bool:
+        """End a job that is not final yet (at `attempt`, None: at whichever) as `ending` says (compare-and-set),
+        with an event at the moment it ended (taken under the job's lock), and stop every open allocation of it;
+        False when it was final already (or moved on to another attempt)."""
+        if not _move(session, job, ending.state, NOT_FINAL, attempt):
             return False
         job.finished_at = utcnow()
-        if reason is not None:
-            job.reason = reason
-        session.add(JobEvent(job_id=job.id, at=job.finished_at, kind=kind, message=message))
-        self._stop_all(session, job, stop_reason)
+        if ending.reason is not None:
+            job.reason = ending.reason
+        session.add(JobEvent(job_id=job.id, at=job.finished_at, kind=ending.kind, message=ending.message))
+        self._stop_all(session, job, ending.stop_reason)
         return True
 
-    def _stop_all(self, session: Session, job: Job, reason: str) -> None:
-        """Mark every open allocation of the job (of any attempt) stopping; their stop orders go out once the
-        transaction commits."""
-        for allocation in session.scalars(select(Allocation).where(
-                Allocation.job_id == job.id, Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+    def _stop_all(self, session: Session, job: Job, reason: str, attempt: int | None = None) -> None:
+        """Mark every open allocation of the job (of `attempt`, None: of any) stopping; their stop orders go out once
+        the transaction commits."""
+        query = select(Allocation).where(Allocation.job_id == job.id, Allocation.state.in_(OPEN_ALLOCATION_STATES))
+        for allocation in session.scalars(query if attempt is None else query.where(Allocation.attempt == attempt)):
             if allocation.state != "stopping":
                 allocation.state, allocation.release_reason = "stopping", reason
                 stop = Stop(allocation_id=allocation.id, attempt=allocation.attempt, grace_s=self.grace_s,
@@ -157,7 +173,7 @@ class Lifecycle:
         """Cancel a job in any state that is not final (a compare-and-set on the state read: never over a state it did
         not see). Every open allocation of it, of a scheduled or running job, gets a stop order once the transaction
         commits; so does the scheduler's wake-up. A job final already is left as it is."""
-        if self._end(session, job, "cancelled", None, "cancelled", "cancelled by request", "cancelled"):
+        if self._end(session, job, Ending("cancelled", "cancelled", "cancelled by request", "cancelled")):
             after_commit(session, self.wake)
 
     def note_idle(self, allocation_id: str) -> None:
@@ -176,10 +192,10 @@ class Lifecycle:
             queue = session.scalar(select(QueueRow).where(QueueRow.name == job.queue)) if job is not None else None
             if job is None or queue is None or queue.idle_reclaim_s is None or idle_s < queue.idle_reclaim_s:
                 return False
-            self._end(session, job, "cancelled",
-                      {"kind": "idle_reclaimed", "message": f"GPUs idle for {idle_s:.0f} s", "details": []},
-                      "reclaimed", f"GPUs idle for {idle_s:.0f} s (queue {queue.name} reclaims after "
-                                   f"{queue.idle_reclaim_s:.0f} s)", "idle")
+            self._end(session, job, Ending(
+                "cancelled", "reclaimed", f"GPUs idle for {idle_s:.0f} s (queue {queue.name} reclaims after "
+                                          f"{queue.idle_reclaim_s:.0f} s)", "idle",
+                {"kind": "idle_reclaimed", "message": f"GPUs idle for {idle_s:.0f} s", "details": []}))
         self.wake()
         return True
 
@@ -208,7 +224,8 @@ class Lifecycle:
                 closed.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
-                    self._requeue(session, job, f"node rebooted: task {allocation.task_index} ended with it")
+                    self._requeue(session, job, allocation.attempt,
+                                  f"node rebooted: task {allocation.task_index} ended with it")
         for allocation_id in closed:  # after the commit, as in node_lost
             self.cache.release(allocation_id)
         if closed:
@@ -240,7 +257,7 @@ class Lifecycle:
                 released.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
-                    self._requeue(session, job, "node lost")
+                    self._requeue(session, job, allocation.attempt, "node lost")
                     requeued += 1
         for allocation_id in released:  # after the commit: a refused transaction leaves the cache as it was
             self.cache.release(allocation_id)
@@ -259,31 +276,33 @@ class Lifecycle:
             for job, at in rows:
                 limit = job.spec.get("runtime_limit_s")
                 if limit and now - aware(at).timestamp() > limit:
-                    self._end(session, job, "failed",
-                              {"kind": "runtime_limit", "message": f"ran past its {limit} s limit", "details": []},
-                              "timed_out", f"runtime limit {limit} s", "runtime limit")
+                    self._end(session, job, Ending(
+                        "failed", "timed_out", f"runtime limit {limit} s", "runtime limit",
+                        {"kind": "runtime_limit", "message": f"ran past its {limit} s limit", "details": []}),
+                        job.attempt)  # the attempt whose time ran out, not one placed since
 
 
-NOT_FINAL = ("pending_approval", "pending", *PLACED)
+def _move(session: Session, job: Job, to: str, allowed: Collection[str], attempt: int | None = None) -> bool:
+    """Compare-and-set: move `job` to state `to` if its state is one of `allowed` at `attempt` (None: at whichever),
+    as read and as it is in the database when written (`UPDATE ... WHERE state = <read> AND attempt = <read>`); then
+    reload it, under the lock the UPDATE took. When the row changed since it was read, read it again under a lock
+    (PostgreSQL's row lock; on SQLite the missed UPDATE already holds the write lock) and try once more: nothing can
+    move it then. True if the job moved. The job must have no unflushed changes (the reload drops them)."""
+    def fits() -> bool:
+        return job.state in allowed and attempt in (None, job.attempt)
 
-
-def _move(session: Session, job: Job, to: str, allowed: Collection[str]) -> bool:
-    """Compare-and-set: move `job` to state `to` if its state is one of `allowed`, as read and as it is in the
-    database when written (`UPDATE ... WHERE state = <read>`); then reload it, under the lock the UPDATE took. When the
-    row changed since it was read, read it again under a lock (PostgreSQL's row lock; on SQLite the missed UPDATE
-    already holds the write lock) and try once more: nothing can move it then. True if the job moved. The job must
-    have no unflushed changes (the reload drops them)."""
-    if job.state in allowed and _job_moved(session, job, to):
+    if fits() and _job_moved(session, job, to):
         return True
     if job.state in TERMINAL:
         return False  # final states never change: no need to look again
     session.refresh(job, with_for_update=True)
-    return job.state in allowed and _job_moved(session, job, to)
+    return fits() and _job_moved(session, job, to)
 
 
 def _job_moved(session: Session, job: Job, to: str) -> bool:
     jobs = Job.__table__
-    result = session.execute(jobs.update().where(jobs.c.id == job.id, jobs.c.state == job.state).values(state=to))
+    result = session.execute(jobs.update().where(jobs.c.id == job.id, jobs.c.state == job.state,
+                                                 jobs.c.attempt == job.attempt).values(state=to))
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     session.refresh(job)
