@@ -120,11 +120,14 @@ def check_cancels(session: Session) -> list[str]:
         start = started[allocation.id] = aware(allocation.started_at) if allocation.started_at else None
         if start is not None and start > cancels[allocation.job_id][1]:
             out.append(f"I10: allocation {allocation.id} of job {allocation.job_id} started after its cancel")
+    billed: dict[tuple[str, str], int] = defaultdict(int)  # (job, allocation) -> ms billed after the cancel
     for entry in session.scalars(select(LedgerEntry).where(LedgerEntry.job_id.in_(cancelled))):
         cancelled_at, start = cancels[entry.job_id][1], started.get(entry.allocation_id)
         if aware(entry.end) > cancelled_at and (start is None or start > cancelled_at):
-            out.append(f"I10: ledger {entry.source_key} bills job {entry.job_id} after its cancel")
-    return out
+            billed[(entry.job_id, entry.allocation_id)] += milliseconds(max(aware(entry.start), cancelled_at),
+                                                                        aware(entry.end))
+    return out + [f"I10: allocation {allocation_id} of job {job_id} billed {ms} ms after its cancel"
+                  for (job_id, allocation_id), ms in billed.items()]
 
 
 def check_rollup(session: Session) -> list[str]:
