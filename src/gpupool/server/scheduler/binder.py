@@ -211,7 +211,7 @@ def _requeued(session: Session, job_id: str, attempt: int) -> bool:
     jobs = Job.__table__
     result = session.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.attempt == attempt, jobs.c.state.in_(
         ("scheduled", "running"))).values(state="pending", preemptions=jobs.c.preemptions + 1))
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return bool(result.rowcount)
 
 
 def _row(allocation: Allocation, now: datetime) -> dict[str, Any]:

@@ -15,6 +15,7 @@ transaction that decided them commits (`after_commit`).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class Lifecycle:
             if allocation.started_at is None:
                 stop = Stop(allocation_id=allocation.id, attempt=allocation.attempt, grace_s=0,
                             reason=allocation.release_reason or "stale attempt")
-                after_commit(session, lambda: self.orders.send(allocation.node_id, stop))
+                after_commit(session, functools.partial(self.orders.send, allocation.node_id, stop))
             return
         if not won:
             return
@@ -167,7 +168,7 @@ class Lifecycle:
                 allocation.state, allocation.release_reason = "stopping", reason
                 stop = Stop(allocation_id=allocation.id, attempt=allocation.attempt, grace_s=self.grace_s,
                             reason=reason)
-                after_commit(session, lambda node=allocation.node_id, stop=stop: self.orders.send(node, stop))
+                after_commit(session, functools.partial(self.orders.send, allocation.node_id, stop))
 
     def cancel(self, session: Session, job: Job) -> None:
         """Cancel a job in any state that is not final (a compare-and-set on the state read: never over a state it did
@@ -303,7 +304,7 @@ def _job_moved(session: Session, job: Job, to: str) -> bool:
     jobs = Job.__table__
     result = session.execute(jobs.update().where(jobs.c.id == job.id, jobs.c.state == job.state,
                                                  jobs.c.attempt == job.attempt).values(state=to))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if result.rowcount != 1:
         return False
     session.refresh(job)
     return True
@@ -315,7 +316,7 @@ def _allocation_moved(session: Session, allocation: Allocation, old: str, new: s
     table = Allocation.__table__
     result = session.execute(table.update().where(table.c.id == allocation.id, table.c.state == old).values(state=new))
     session.refresh(allocation)
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return result.rowcount == 1
 
 
 def after_commit(session: Session, action: Callable[[], None]) -> None:
