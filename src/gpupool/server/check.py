@@ -9,6 +9,9 @@ I7  the ledger balances: each entry's amounts follow from its interval, each all
     to its billable interval exactly, no entry bills after the allocation was released, and the daily
     usage totals (what reports read) equal the ledger summed per day and group
 I8  no overlap billing: a job's attempts never bill the same instant
+I10 cancel is final: a cancelled job stays cancelled, no event after its cancel places, starts or ends it again, no
+    allocation of it confirms a start after the cancel, and no ledger entry bills past the cancel except for an
+    allocation whose start was confirmed before it (billed to its stop: I7 bounds it by the release)
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.server.db.engine import Database
-from gpupool.server.db.models import Allocation, AllocationSlot, Job, LedgerEntry, UsageDaily
+from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, LedgerEntry, UsageDaily
 from gpupool.server.services.metering import aware, milliseconds
 from gpupool.server.services.rollup import AMOUNTS, day_of, tags_key
 
 OPEN_END = datetime.max.replace(tzinfo=UTC)
+#: the events that end a job by cancelling it (by request, or an idle reclaim)
+CANCELS = ("cancelled", "reclaimed")
+#: the events that place, start or end a job: none may follow its cancel
+RESTARTS = ("scheduled", "running", "succeeded", "failed", "requeued", "preempted", "timed_out")
 
 
 def _overlaps(intervals: list[tuple[datetime, datetime, str]]) -> list[tuple[str, str]]:
@@ -96,6 +103,35 @@ def check_ledger(session: Session) -> list[str]:
     return out
 
 
+def check_cancels(session: Session) -> list[str]:
+    """I10 (see the module docstring). A job's cancel is its first cancelling event: the order of events is their
+    ids', the moment of the cancel its `at`, compared with allocations' confirmed starts and ledger intervals."""
+    cancelled = select(JobEvent.job_id).where(JobEvent.kind.in_(CANCELS))
+    cancels: dict[str, tuple[int, datetime]] = {}
+    for event_id, job_id, at in session.execute(select(JobEvent.id, JobEvent.job_id, JobEvent.at).where(
+            JobEvent.kind.in_(CANCELS)).order_by(JobEvent.id)):
+        cancels.setdefault(job_id, (event_id, aware(at)))
+    out = [f"I10: job {job_id} was cancelled but is {state}" for job_id, state in session.execute(
+        select(Job.id, Job.state).where(Job.id.in_(cancelled), Job.state != "cancelled"))]
+    out += [f"I10: job {job_id} was {kind} after its cancel" for event_id, job_id, kind in session.execute(
+        select(JobEvent.id, JobEvent.job_id, JobEvent.kind).where(JobEvent.job_id.in_(cancelled),
+                                                                  JobEvent.kind.in_(RESTARTS)).order_by(JobEvent.id))
+            if event_id > cancels[job_id][0]]
+    started: dict[str, datetime | None] = {}
+    for allocation in session.scalars(select(Allocation).where(Allocation.job_id.in_(cancelled))):
+        start = started[allocation.id] = aware(allocation.started_at) if allocation.started_at else None
+        if start is not None and start > cancels[allocation.job_id][1]:
+            out.append(f"I10: allocation {allocation.id} of job {allocation.job_id} started after its cancel")
+    billed: dict[tuple[str, str], int] = defaultdict(int)  # (job, allocation) -> ms billed after the cancel
+    for entry in session.scalars(select(LedgerEntry).where(LedgerEntry.job_id.in_(cancelled))):
+        cancelled_at, start = cancels[entry.job_id][1], started.get(entry.allocation_id)
+        if aware(entry.end) > cancelled_at and (start is None or start > cancelled_at):
+            billed[(entry.job_id, entry.allocation_id)] += milliseconds(max(aware(entry.start), cancelled_at),
+                                                                        aware(entry.end))
+    return out + [f"I10: allocation {allocation_id} of job {job_id} billed {ms} ms after its cancel"
+                  for (job_id, allocation_id), ms in billed.items()]
+
+
 def check_rollup(session: Session) -> list[str]:
     """I7 for reports: usage_daily holds exactly the ledger's sums per (day, org, project, user, queue, model,
     tags)."""
@@ -121,7 +157,8 @@ def run_checks(url: str) -> list[str]:
     try:
         with db.session() as session:
             _one_snapshot(session)
-            return check_slots(session) + check_jobs(session) + check_ledger(session) + check_rollup(session)
+            return (check_slots(session) + check_jobs(session) + check_ledger(session) + check_rollup(session)
+                    + check_cancels(session))
     finally:
         db.engine.dispose()
 

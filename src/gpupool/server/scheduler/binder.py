@@ -4,8 +4,11 @@
    the next cycle (pipelined behind their victims); so do binds of jobs no longer pending.
 2. In one transaction: evicted allocations become "stopping" and their jobs go back to pending;
    each started job gets one allocation per task, with its GPU slots (the unique open-slot index
-   makes double allocation impossible), and becomes "scheduled". The started jobs are written
-   together: one batched INSERT per table for the whole batch, never a round trip per job.
+   makes double allocation impossible), and becomes "scheduled". A job is claimed by a compare-and-set
+   on its state (still pending, at the attempt read), so a cancel that commits while the batch is
+   being written wins and its job is simply left out, on SQLite (where the batch's first read runs
+   before its write transaction) as on PostgreSQL. The started jobs are written together: one UPDATE
+   and one batched INSERT per table for the whole batch, never a round trip per job.
 3. Only after the commit: the cache assumes the new allocations, and launch / stop orders go out.
    A failed transaction changes nothing and the jobs are simply retried next cycle.
 The transaction starts with `fence(session, epoch)` (SchedulerLease.fence): a deposed leader's batch is
@@ -23,7 +26,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -101,30 +104,29 @@ class Binder:
                 continue
             row.state = "stopping"
             row.release_reason = "preempted"
-            job = session.get(Job, row.job_id)
-            if job is not None and job.state in ("scheduled", "running"):
-                job.state, job.preemptions = "pending", job.preemptions + 1
-                session.add(JobEvent(job_id=job.id, kind="preempted", message="evicted to make room; requeued"))
+            if _requeued(session, row.job_id, row.attempt):
+                session.add(JobEvent(job_id=row.job_id, kind="preempted", message="evicted to make room; requeued"))
             stops.append((row.node_id, Stop(allocation_id=row.id, attempt=row.attempt, grace_s=self.grace_s,
                                             reason="preempted")))
         return stops
 
     def _bind(self, session: Session, binds: dict[str, list[Bind]], jobs: dict[str, JobSpec],
               busy: set[tuple[str, int]], epoch: int) -> list[Planned]:
-        """Start the bound jobs that are still pending, in a few round trips for the whole batch (not per job): lock
-        their rows, insert every allocation, GPU slot and event with one batched INSERT per table (psycopg pipelines
-        the rows), and update the jobs with one UPDATE."""
-        locked = session.execute(select(Job.id, Job.state, Job.attempt, Job.spec).where(
-            Job.id.in_(list(binds))).order_by(Job.id).with_for_update())
-        pending = {row.id: row for row in locked if row.state == "pending"}
+        """Start the bound jobs that are still pending, in a few round trips for the whole batch (not per job): read
+        their rows (locked on PostgreSQL), claim them with one compare-and-set UPDATE, then insert every allocation,
+        GPU slot and event of the jobs it claimed with one batched INSERT per table (psycopg pipelines the rows)."""
+        locked = session.execute(select(Job.id, Job.attempt, Job.spec).where(
+            Job.id.in_(list(binds)), Job.state == "pending").order_by(Job.id).with_for_update())
+        pending = {row.id: row for row in locked}
         claimed: set[tuple[str, int]] = set()
         planned: list[Planned] = []
         for job_id, group in binds.items():
             if job_id in pending:
                 row = pending[job_id]
                 planned += self._plan(jobs[job_id], row.attempt + 1, row.spec, group, busy, claimed, epoch)
-        started = {p.job.id: p.allocation.attempt for p in planned}
-        if not started:
+        won = _claim(session, {p.job.id: p.allocation.attempt for p in planned})
+        planned = [p for p in planned if p.job.id in won]
+        if not planned:
             return []
         now = utcnow()
         session.execute(insert(Allocation.__table__), [_row(p.allocation, now) for p in planned])
@@ -132,11 +134,8 @@ class Binder:
                  for gpu, slot in p.slots]
         if slots:
             session.execute(insert(AllocationSlot.__table__), slots)
-        events = [_scheduled(job_id, attempt, binds[job_id], now) for job_id, attempt in started.items()]
+        events = [_scheduled(job_id, attempt, binds[job_id], now) for job_id, attempt in won.items()]
         session.execute(insert(JobEvent.__table__), events)
-        jobs_table = Job.__table__
-        session.execute(jobs_table.update().where(jobs_table.c.id.in_(list(started))).values(
-            state="scheduled", reason=None, attempt=jobs_table.c.attempt + 1))  # their rows are locked: = planned
         return planned
 
     def _plan(self, job: JobSpec, attempt: int, spec: dict[str, Any], group: list[Bind], busy: set[tuple[str, int]],
@@ -204,6 +203,30 @@ class Binder:
             return Launch(**fields)
         except ValidationError:  # a job stored before the launch rules (protocol.launch): its node answers "failed"
             return Launch.model_construct(**fields)
+
+
+def _claim(session: Session, attempts: dict[str, int]) -> dict[str, int]:
+    """Make each job of `attempts` (job id -> the attempt planned for it) "scheduled" at that attempt if it is still
+    pending at the attempt before: one compare-and-set UPDATE, evaluated under the write lock (SQLite) or the row
+    locks (PostgreSQL) it takes. Returns the jobs it changed, with their attempts; a job cancelled (or placed) since
+    it was read is not among them."""
+    if not attempts:
+        return {}
+    jobs = Job.__table__
+    changed = session.execute(jobs.update().where(
+        tuple_(jobs.c.id, jobs.c.attempt).in_([(job_id, attempt - 1) for job_id, attempt in attempts.items()]),
+        jobs.c.state == "pending").values(state="scheduled", reason=None, attempt=jobs.c.attempt + 1).returning(
+        jobs.c.id))
+    return {job_id: attempts[job_id] for job_id in changed.scalars()}
+
+
+def _requeued(session: Session, job_id: str, attempt: int) -> bool:
+    """Send a preempted job back to pending if it is still scheduled or running at `attempt` (compare-and-set: a job
+    cancelled or ended meanwhile stays as it is); True if it went back."""
+    jobs = Job.__table__
+    result = session.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.attempt == attempt, jobs.c.state.in_(
+        ("scheduled", "running"))).values(state="pending", preemptions=jobs.c.preemptions + 1))
+    return bool(result.rowcount)
 
 
 def _row(allocation: Allocation, now: datetime) -> dict[str, Any]:

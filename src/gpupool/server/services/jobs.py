@@ -294,9 +294,16 @@ def decide(session: Session, principal: Principal, job: Job, approve: bool, note
     if approve:
         _check_still_a_leaf(session, job)
     failpoint("jobs.before_job_update")
-    job.state = "pending" if approve else "denied"
+    table = Job.__table__
+    values: dict[str, Any] = {"state": "pending" if approve else "denied"}
     if not approve:
-        job.finished_at = datetime.now(job.submitted_at.tzinfo)
+        values["finished_at"] = datetime.now(job.submitted_at.tzinfo)
+    moved = session.execute(table.update().where(  # compare-and-set: a cancel that came first stands
+        table.c.id == job.id, table.c.state == "pending_approval").values(**values))
+    if moved.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        raise HTTPException(409, "job is no longer waiting for approval (cancelled meanwhile?)")
+    session.refresh(job)
     session.add(JobEvent(job_id=job.id, kind="approved" if approve else "denied",
                          message=f"by {principal.user_name}: {note}".rstrip(": ")))
     return job_out(session, job)

@@ -5,15 +5,23 @@ denied end it early; preemption, fencing and lost nodes send it back to pending 
 An allocation is starting -> running -> released, or stopping -> released when told to stop. Reports
 about an attempt already closed change nothing and are refused (409; RELIABILITY.md I9); a new boot of a node's agent
 closes what it no longer runs (node_rebooted, T3.3).
+
+Every change of a job's state is a compare-and-set on the state it was read in (`_move`), so that two writers racing
+(a cancel, the binder, an agent's report, the limit monitor) never overwrite a state one of them did not see, on
+SQLite (whose reads run before the write transaction begins) as on PostgreSQL. Cancel is final (`gpupool check` I10):
+a cancelled job is never placed, started or billed again. Stop orders and scheduler wake-ups go out only after the
+transaction that decided them commits (`after_commit`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from gpupool.protocol.agent import Stop, TaskStatus
@@ -25,6 +33,20 @@ from gpupool.server.scheduler.cache import ClusterCache
 from gpupool.server.services.metering import aware
 
 TERMINAL = ("succeeded", "failed", "cancelled", "denied")
+PLACED = ("scheduled", "running")
+NOT_FINAL = ("pending_approval", "pending", *PLACED)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job ends before its tasks do: its final state, its event (kind and message), the reason its stop orders
+    carry, and the reason the job shows (None: it keeps its own)."""
+
+    state: str
+    kind: str
+    message: str
+    stop_reason: str
+    reason: dict[str, object] | None = None
 
 
 class Lifecycle:
@@ -52,7 +74,7 @@ class Lifecycle:
                     self.orders.send(node_id, Stop(allocation_id=status.allocation_id, attempt=status.attempt,
                                                    grace_s=0, reason="stale attempt"))
                 return stale
-            job = session.get(Job, allocation.job_id)
+            job = session.get(Job, allocation.job_id, with_for_update=True)  # first, as cancel and the binder lock
             assert job is not None
             if status.state == "started":
                 self._started(session, allocation, job)
@@ -64,12 +86,29 @@ class Lifecycle:
         return None
 
     def _started(self, session: Session, allocation: Allocation, job: Job) -> None:
-        if allocation.state != "starting":
+        """A confirmed start, decided under the job's lock: its row lock on PostgreSQL (on_status took it) and the
+        write lock that the allocation's compare-and-set takes on SQLite, so it is ordered with a cancel either way
+        and its time is taken after the lock. A start of an allocation whose job is final (cancelled, ...) or on
+        another attempt is stopped at once, with no grace, and never billed: it gets no started_at, so metering
+        (billing from a confirmed start to the release) has nothing to bill."""
+        won = _allocation_moved(session, allocation, "starting", "running")
+        session.refresh(job)  # SQLite: read again under the write lock just taken (on_status read it before)
+        if job.state in TERMINAL or job.attempt != allocation.attempt:
+            if won:
+                allocation.state = "stopping"
+                allocation.release_reason = job.state if job.attempt == allocation.attempt else "stale attempt"
+            if allocation.started_at is None:
+                stop = Stop(allocation_id=allocation.id, attempt=allocation.attempt, grace_s=0,
+                            reason=allocation.release_reason or "stale attempt")
+                after_commit(session, functools.partial(self.orders.send, allocation.node_id, stop))
             return
-        allocation.state, allocation.started_at = "running", utcnow()
+        if not won:
+            return
+        allocation.started_at = utcnow()
         siblings = self._open(session, job.id, allocation.attempt)
-        if job.state == "scheduled" and all(a.state == "running" for a in siblings):
-            job.state, job.started_at = "running", job.started_at or utcnow()
+        if all(a.state == "running" for a in siblings) and _move(session, job, "running", ("scheduled",),
+                                                                  allocation.attempt):
+            job.started_at = job.started_at or utcnow()
             session.add(JobEvent(job_id=job.id, kind="running", message=f"attempt {job.attempt} started"))
 
     def _ended(self, session: Session, allocation: Allocation, job: Job, status: TaskStatus) -> bool:
@@ -81,12 +120,13 @@ class Lifecycle:
         if job.attempt != allocation.attempt or job.state in TERMINAL:
             return True
         if status.state in ("fenced", "refused") or allocation.release_reason == "preempted":
-            self._requeue(session, job, f"task {allocation.task_index}: {status.state} {status.message}".strip())
+            self._requeue(session, job, allocation.attempt,
+                          f"task {allocation.task_index}: {status.state} {status.message}".strip())
         elif status.state == "failed" or (status.exit_code or 0) != 0:
             why = f"task {allocation.task_index}: {status.message}" if status.message else ""
-            self._finish(session, job, "failed", status.exit_code, why)
+            self._finish(session, job, allocation.attempt, "failed", status.exit_code, why)
         elif not self._open(session, job.id, job.attempt):
-            self._finish(session, job, "succeeded", 0)
+            self._finish(session, job, allocation.attempt, "succeeded", 0)
         return True
 
     def _open(self, session: Session, job_id: str, attempt: int) -> list[Allocation]:
@@ -94,36 +134,54 @@ class Lifecycle:
             Allocation.job_id == job_id, Allocation.attempt == attempt,
             Allocation.state.in_(OPEN_ALLOCATION_STATES))))
 
-    def _finish(self, session: Session, job: Job, state: str, exit_code: int | None, why: str = "") -> None:
-        """End the job in `state`; `why` (an agent's reason, e.g. a launch that failed) goes into its event and its
-        reason, where `job show` shows it."""
-        job.state, job.exit_code, job.finished_at = state, exit_code, utcnow()
+    def _finish(self, session: Session, job: Job, attempt: int, state: str, exit_code: int | None,
+                why: str = "") -> None:
+        """End the job in `state` if it is still placed at `attempt`; `why` (an agent's reason, e.g. a launch that
+        failed) goes into its event and its reason, where `job show` shows it."""
+        if not _move(session, job, state, PLACED, attempt):
+            return  # cancelled, ended or requeued meanwhile: that stands
+        job.exit_code, job.finished_at = exit_code, utcnow()
         if why:
             job.reason = {"kind": "task_failed", "message": why, "details": []}
         session.add(JobEvent(job_id=job.id, kind=state, message=f"exit code {exit_code}" + (f"; {why}" if why else "")))
-        self._stop_all(session, job, state)
+        self._stop_all(session, job, state, attempt)
 
-    def _requeue(self, session: Session, job: Job, why: str) -> None:
-        if job.state in ("scheduled", "running"):
-            job.state = "pending"
+    def _requeue(self, session: Session, job: Job, attempt: int, why: str) -> None:
+        """Send the job back to pending if it is still placed at `attempt`; stop that attempt's other tasks."""
+        if _move(session, job, "pending", PLACED, attempt):
             session.add(JobEvent(job_id=job.id, kind="requeued", message=why))
-        self._stop_all(session, job, "requeued")
+        self._stop_all(session, job, "requeued", attempt)
 
-    def _stop_all(self, session: Session, job: Job, reason: str) -> None:
-        for allocation in self._open(session, job.id, job.attempt):
+    def _end(self, session: Session, job: Job, ending: Ending, attempt: int | None = None) -> bool:
+        """End a job that is not final yet (at `attempt`, None: at whichever) as `ending` says (compare-and-set),
+        with an event at the moment it ended (taken under the job's lock), and stop every open allocation of it;
+        False when it was final already (or moved on to another attempt)."""
+        if not _move(session, job, ending.state, NOT_FINAL, attempt):
+            return False
+        job.finished_at = utcnow()
+        if ending.reason is not None:
+            job.reason = ending.reason
+        session.add(JobEvent(job_id=job.id, at=job.finished_at, kind=ending.kind, message=ending.message))
+        self._stop_all(session, job, ending.stop_reason)
+        return True
+
+    def _stop_all(self, session: Session, job: Job, reason: str, attempt: int | None = None) -> None:
+        """Mark every open allocation of the job (of `attempt`, None: of any) stopping; their stop orders go out once
+        the transaction commits."""
+        query = select(Allocation).where(Allocation.job_id == job.id, Allocation.state.in_(OPEN_ALLOCATION_STATES))
+        for allocation in session.scalars(query if attempt is None else query.where(Allocation.attempt == attempt)):
             if allocation.state != "stopping":
                 allocation.state, allocation.release_reason = "stopping", reason
-                self.orders.send(allocation.node_id, Stop(allocation_id=allocation.id, attempt=allocation.attempt,
-                                                          grace_s=self.grace_s, reason=reason))
+                stop = Stop(allocation_id=allocation.id, attempt=allocation.attempt, grace_s=self.grace_s,
+                            reason=reason)
+                after_commit(session, functools.partial(self.orders.send, allocation.node_id, stop))
 
     def cancel(self, session: Session, job: Job) -> None:
-        """Cancel a job in any state that is not final; running tasks get a stop order."""
-        if job.state in TERMINAL:
-            return
-        job.state, job.finished_at = "cancelled", utcnow()
-        session.add(JobEvent(job_id=job.id, kind="cancelled", message="cancelled by request"))
-        self._stop_all(session, job, "cancelled")
-        self.wake()
+        """Cancel a job in any state that is not final (a compare-and-set on the state read: never over a state it did
+        not see). Every open allocation of it, of a scheduled or running job, gets a stop order once the transaction
+        commits; so does the scheduler's wake-up. A job final already is left as it is."""
+        if self._end(session, job, Ending("cancelled", "cancelled", "cancelled by request", "cancelled")):
+            after_commit(session, self.wake)
 
     def note_idle(self, allocation_id: str) -> None:
         """The first report that an allocation's GPUs sit idle: tell the job's owner (an event)."""
@@ -141,14 +199,10 @@ class Lifecycle:
             queue = find_queue(session, job.org_id, job.queue) if job is not None else None
             if job is None or queue is None or queue.idle_reclaim_s is None or idle_s < queue.idle_reclaim_s:
                 return False
-            if job.state in TERMINAL:
-                return True
-            job.state, job.finished_at = "cancelled", utcnow()
-            job.reason = {"kind": "idle_reclaimed", "message": f"GPUs idle for {idle_s:.0f} s", "details": []}
-            session.add(JobEvent(job_id=job.id, kind="reclaimed",
-                                 message=f"GPUs idle for {idle_s:.0f} s (queue {queue.name} reclaims after "
-                                         f"{queue.idle_reclaim_s:.0f} s)"))
-            self._stop_all(session, job, "idle")
+            self._end(session, job, Ending(
+                "cancelled", "reclaimed", f"GPUs idle for {idle_s:.0f} s (queue {queue.name} reclaims after "
+                                          f"{queue.idle_reclaim_s:.0f} s)", "idle",
+                {"kind": "idle_reclaimed", "message": f"GPUs idle for {idle_s:.0f} s", "details": []}))
         self.wake()
         return True
 
@@ -177,7 +231,8 @@ class Lifecycle:
                 closed.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
-                    self._requeue(session, job, f"node rebooted: task {allocation.task_index} ended with it")
+                    self._requeue(session, job, allocation.attempt,
+                                  f"node rebooted: task {allocation.task_index} ended with it")
         for allocation_id in closed:  # after the commit, as in node_lost
             self.cache.release(allocation_id)
         if closed:
@@ -209,7 +264,7 @@ class Lifecycle:
                 released.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
-                    self._requeue(session, job, "node lost")
+                    self._requeue(session, job, allocation.attempt, "node lost")
                     requeued += 1
         for allocation_id in released:  # after the commit: a refused transaction leaves the cache as it was
             self.cache.release(allocation_id)
@@ -217,16 +272,63 @@ class Lifecycle:
         return requeued
 
     def enforce_limits(self, now: float) -> None:
-        """Stop jobs that ran past their runtime limit (the grant ends there)."""
+        """End as failed every placed job whose current attempt has held its grant past the job's runtime limit,
+        counted from when the attempt was scheduled (its allocations were made), not from its start: a job that
+        never starts (an agent that cannot launch it) holds its GPUs no longer than one that runs."""
+        placed_at = select(Allocation.job_id, func.min(Allocation.created_at).label("at")).join(
+            Job, Job.id == Allocation.job_id).where(Job.state.in_(PLACED), Allocation.attempt == Job.attempt).group_by(
+            Allocation.job_id).subquery()
         with self.db.session() as session:
-            for job in session.scalars(select(Job).where(Job.state == "running")):
+            rows = list(session.execute(select(Job, placed_at.c.at).join(placed_at, placed_at.c.job_id == Job.id)))
+            for job, at in rows:
                 limit = job.spec.get("runtime_limit_s")
-                started = job.started_at
-                if limit and started is not None and now - started.timestamp() > limit:
-                    job.state, job.finished_at = "failed", utcnow()
-                    job.reason = {"kind": "runtime_limit", "message": f"ran past its {limit} s limit", "details": []}
-                    session.add(JobEvent(job_id=job.id, kind="timed_out", message=f"runtime limit {limit} s"))
-                    self._stop_all(session, job, "runtime limit")
+                if limit and now - aware(at).timestamp() > limit:
+                    self._end(session, job, Ending(
+                        "failed", "timed_out", f"runtime limit {limit} s", "runtime limit",
+                        {"kind": "runtime_limit", "message": f"ran past its {limit} s limit", "details": []}),
+                        job.attempt)  # the attempt whose time ran out, not one placed since
+
+
+def _move(session: Session, job: Job, to: str, allowed: Collection[str], attempt: int | None = None) -> bool:
+    """Compare-and-set: move `job` to state `to` if its state is one of `allowed` at `attempt` (None: at whichever),
+    as read and as it is in the database when written (`UPDATE ... WHERE state = <read> AND attempt = <read>`); then
+    reload it, under the lock the UPDATE took. When the row changed since it was read, read it again under a lock
+    (PostgreSQL's row lock; on SQLite the missed UPDATE already holds the write lock) and try once more: nothing can
+    move it then. True if the job moved. The job must have no unflushed changes (the reload drops them)."""
+    def fits() -> bool:
+        return job.state in allowed and attempt in (None, job.attempt)
+
+    if fits() and _job_moved(session, job, to):
+        return True
+    if job.state in TERMINAL:
+        return False  # final states never change: no need to look again
+    session.refresh(job, with_for_update=True)
+    return fits() and _job_moved(session, job, to)
+
+
+def _job_moved(session: Session, job: Job, to: str) -> bool:
+    jobs = Job.__table__
+    result = session.execute(jobs.update().where(jobs.c.id == job.id, jobs.c.state == job.state,
+                                                 jobs.c.attempt == job.attempt).values(state=to))
+    if result.rowcount != 1:
+        return False
+    session.refresh(job)
+    return True
+
+
+def _allocation_moved(session: Session, allocation: Allocation, old: str, new: str) -> bool:
+    """Compare-and-set an allocation's state from `old` to `new`; reloads it either way (the UPDATE holds the write
+    lock on SQLite, the row lock on PostgreSQL: what it reads is current)."""
+    table = Allocation.__table__
+    result = session.execute(table.update().where(table.c.id == allocation.id, table.c.state == old).values(state=new))
+    session.refresh(allocation)
+    return result.rowcount == 1
+
+
+def after_commit(session: Session, action: Callable[[], None]) -> None:
+    """Run `action` once `session`'s transaction has committed, never if it rolls back: an order or a wake-up must
+    not announce a change the database may still refuse (the session is discarded with its transaction)."""
+    event.listen(session, "after_commit", lambda _: action(), once=True)
 
 
 def _stale(allocation: Allocation, status: TaskStatus) -> str | None:
