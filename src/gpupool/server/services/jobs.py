@@ -301,7 +301,6 @@ def decide(session: Session, principal: Principal, job: Job, approve: bool, note
     moved = session.execute(table.update().where(  # compare-and-set: a cancel that came first stands
         table.c.id == job.id, table.c.state == "pending_approval").values(**values))
     if moved.rowcount != 1:  # type: ignore[attr-defined]
-        session.rollback()
         raise HTTPException(409, "job is no longer waiting for approval (cancelled meanwhile?)")
     session.refresh(job)
     session.add(JobEvent(job_id=job.id, kind="approved" if approve else "denied",
