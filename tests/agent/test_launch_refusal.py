@@ -129,14 +129,15 @@ def workloads(tmp_path: Path, failpoints: Failpoints | None = None) -> tuple[Wor
 
 
 def test_a_launch_the_runtime_refuses_is_answered_failed_and_never_retried(tmp_path: Path) -> None:
-    """exec's own ValueError (an order from a control plane that did not check the env, built here unvalidated): it
-    used to escape the channel's reader, drop the connection and come back with every reconnect."""
+    """A NUL in the env of an order from a control plane that did not check it (built here unvalidated): exec's own
+    ValueError used to escape the channel's reader, drop the connection and come back with every reconnect; the
+    runtime now refuses it, naming the variable."""
     node, outbox = workloads(tmp_path)
     order = Launch.model_construct(**{**ORDER, "env": {"FOO": "a\x00b"}})
     node.on_launch(order)
     node.on_launch(order)  # re-sent after a reconnect
     answers = [(f.state, f.message) for f in outbox.take() if isinstance(f, TaskStatus)]
-    assert answers == [("failed", "cannot launch: ValueError: embedded null byte")] * 2
+    assert answers == [("failed", "cannot launch: env 'FOO': embedded null byte")] * 2
 
 
 def test_the_launch_failpoint_fails_the_armed_hit_only(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def test_no_page_shows_text_taken_from_its_url(tab: Tab, live: Live) -> None:
 
 
 def _metric(page: str, name: str, queue: str) -> float | None:
-    found = re.search(rf'^{name}\{{queue="{re.escape(queue)}"\}} (\S+)$', page, re.MULTILINE)
+    found = re.search(rf'^{name}\{{org="[^"]*",queue="{re.escape(queue)}"\}} (\S+)$', page, re.MULTILINE)
     return float(found.group(1)) if found else None
 
 

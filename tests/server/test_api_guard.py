@@ -333,7 +333,7 @@ def test_the_per_queue_gauges_are_filled_each_cycle(launch: Any, s16: Any) -> No
 
     def pending() -> float:
         page = httpx.get(f"{server.url}/metrics", headers=op.headers).text
-        return _metric(page, "gpupool_queue_pending_jobs", queue="gauged")
+        return _metric(page, "gpupool_queue_pending_jobs", org="", queue="gauged")
     with s16.part("queue_gauges_pending") as numbers:
         numbers["pending"] = wait_for(lambda: pending() == 3 and 3, 30, "the pending gauge to show 3 jobs")
     for job in op.get("/jobs", params={"state": "pending"}).json()["items"]:

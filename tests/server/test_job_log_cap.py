@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # agent_cluster
 
-from agent_cluster import SCALED, Cluster  # noqa: E402
+from agent_cluster import JOB_PYTHON, SCALED, Cluster  # noqa: E402
 
 from gpupool.devtools.harness import wait_for  # noqa: E402
 from gpupool.server.joblogs import JobLogs  # noqa: E402
@@ -62,7 +62,7 @@ def test_a_fast_writer_keeps_the_tail_under_the_cap(tmp_path: Path, s18: Any) ->
     with Cluster(tmp_path, env=env) as cluster:
         cluster.start_agent("n1")
         cluster.wait_ready(["n1"])
-        job_id = cluster.submit(command=[sys.executable, "-c", WRITER.format(n=LINES)], gpus="1")
+        job_id = cluster.submit(command=[JOB_PYTHON, "-c", WRITER.format(n=LINES)], gpus="1")
         assert cluster.wait_job(job_id, timeout_s=60)["state"] == "succeeded"
         last = f"line {LINES - 1:09d} " + "x" * 48 + "\n"
         text = wait_for(lambda: (t := read_log(cluster.api, job_id)).endswith(last) and t, 60, "the whole log")

@@ -19,7 +19,8 @@ node.json, and its name is free for a new token only after an operator's `gpupoo
 Jobs run as `--run-jobs-as` says (gpupool.agent.runtime.identity; default: a transient uid per job from
 `--job-uid-range`, when the agent runs as root; the agent's own user otherwise, which the log says loudly), each in
 its own 0700 folder under the work root (`--work-dir`, default DATA_DIR's sibling "<name>-work", made 0711 so that
-a job reaches its own folder and lists nobody's). Jobs that switch users must be able to pass every parent folder
+a job reaches its own folder and lists nobody's; /var/lib/gpupool/work/<hash of DATA_DIR> when a folder above that
+sibling is closed to others, as a home folder is). Jobs that switch users must be able to pass every parent folder
 of the work root: the agent refuses to start otherwise.
 
 Each process start gets a fresh `boot_id`. SIGTERM or SIGINT ends the agent WITHOUT stopping workloads: the next
@@ -34,6 +35,7 @@ certificate.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -74,6 +76,10 @@ WORKLOADS_DIR = "workloads"
 EXIT_OK, EXIT_CONFIG, EXIT_CREDENTIAL = 0, 2, 3
 
 
+#: where work folders go when the data dir's sibling is out of the jobs' reach
+SYSTEM_WORK_ROOT = Path("/var/lib/gpupool/work")
+
+
 @dataclass(frozen=True)
 class JobSetup:
     """Who process jobs run as, and the work root that holds their work folders."""
@@ -89,15 +95,30 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def default_work_root(data_dir: Path, switches: bool) -> Path:
+    """`data_dir`'s sibling "<name>-work"; when jobs switch users and cannot pass a folder above it (a data dir under
+    a 0700 home), a folder of SYSTEM_WORK_ROOT named after the data dir instead."""
+    sibling = data_dir.absolute().with_name(data_dir.absolute().name + "-work")
+    if not switches or _closed_parent(sibling) is None:
+        return sibling
+    return SYSTEM_WORK_ROOT / hashlib.sha256(str(data_dir.absolute()).encode()).hexdigest()[:16]
+
+
+def _closed_parent(path: Path) -> Path | None:
+    """The first existing folder from `path` up that others may not pass (o+x), or None."""
+    return next((folder for folder in [path, *path.parents] if folder.exists() and
+                 not folder.stat().st_mode & stat.S_IXOTH), None)
+
+
 def job_setup(jobs_as: str, uid_range: str, work_dir: str | Path | None, data_dir: Path) -> JobSetup:
-    """Check the job flags (ValueError naming the flag) and make the work root (0711; default: `data_dir`'s sibling
-    "<name>-work"). When jobs switch users, every folder from / down to the work root must let others pass."""
+    """Check the job flags (ValueError naming the flag) and make the work root (0711; default: `default_work_root`).
+    When jobs switch users, every folder from / down to the work root must let others pass."""
     identity = open_identity(jobs_as, uid_range)
-    root = (Path(work_dir) if work_dir else data_dir.absolute().with_name(data_dir.absolute().name + "-work"))
+    root = Path(work_dir) if work_dir else default_work_root(data_dir, identity.switches)
     root = root.absolute()
     root.mkdir(parents=True, exist_ok=True, mode=0o711)
     root.chmod(0o711)
-    closed = next((folder for folder in [root, *root.parents] if not folder.stat().st_mode & stat.S_IXOTH), None)
+    closed = _closed_parent(root)
     if identity.switches and closed is not None:
         raise ValueError(f"--work-dir {root}: jobs run as other users, who cannot pass {closed} (mode "
                          f"{stat.S_IMODE(closed.stat().st_mode):o}); choose a work folder every parent of which "

@@ -82,9 +82,12 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
        port: int = typer.Option(8181, min=1, max=65535),
        fake_gpus: str | None = typer.Option(None, help="FAKE GPUs for the local agent, e.g. 2xA100-80GB"),
        work_dir: Path | None = typer.Option(None, help="the local agent's job work folders (default: "
-                                                       "DATA_DIR-work; outside DATA_DIR, which jobs cannot enter)")
+                                                       "DATA_DIR-work, outside DATA_DIR, which jobs cannot enter; "
+                                                       "/var/lib/gpupool/work/... when others cannot pass a folder "
+                                                       "above it)")
        ) -> None:
     """All-in-one: control plane on SQLite + one local agent. Ctrl-C stops both."""
+    from gpupool.agent.main import default_work_root
     for private in (data_dir, data_dir / "logs"):  # the service user's alone: keys, tokens, database, logs
         private.mkdir(parents=True, exist_ok=True, mode=0o700)
         private.chmod(0o700)
@@ -99,7 +102,7 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
         _wait_healthy(url, server_proc)
         token = (data_dir / "admin.token").read_text().strip()
         agent_args = [*exe, "agent", "--server", url, "--data-dir", str(data_dir / "agent"), "--name", "local",
-                      "--work-dir", str(work_dir or data_dir.absolute().with_name(data_dir.absolute().name + "-work"))]
+                      "--work-dir", str(work_dir or default_work_root(data_dir, switches=os.geteuid() == 0))]
         if not (data_dir / "agent" / "node.json").exists():
             join = httpx.post(f"{url}/api/v1/join-tokens", json={"ttl_s": 600},
                               headers={"Authorization": f"Bearer {token}"}, timeout=10).json()

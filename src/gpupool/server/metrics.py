@@ -19,6 +19,16 @@ from gpupool.core.metrics import cluster_figures
 from gpupool.protocol.devices import GpuTelemetry
 from gpupool.server.scheduler.cache import ClusterCache
 
+#: a queue's series are labelled with its organisation ("" for a shared queue) and its own name
+QUEUE_LABELS = ("org", "queue")
+
+
+def queue_labels(key: str) -> tuple[str, str]:
+    """(organisation, queue name) of a scheduler queue key ("org:name", or "name" for a shared queue)."""
+    org, _, name = key.rpartition(":")
+    return org, name
+
+
 #: the series that name a queue (or a route): left out of the public view
 NAMED = frozenset({"gpupool_queue_allocated_gpus", "gpupool_queue_fair_share_gpus", "gpupool_queue_pending_jobs",
                    "gpupool_queue_used_gpus", "gpupool_api_unauthenticated_requests"})
@@ -45,12 +55,13 @@ class Metrics:
         self.gar = Gauge("gpupool_gpu_allocation_ratio", "allocated / schedulable GPUs (GAR)", registry=self.registry)
         self.gfr = Gauge("gpupool_gpu_fragmentation_ratio", "share of GPU nodes partly allocated (GFR)",
                          registry=self.registry)
-        self.allocated = Gauge("gpupool_queue_allocated_gpus", "GPUs allocated per queue", ["queue"],
+        self.allocated = Gauge("gpupool_queue_allocated_gpus", "GPUs allocated per queue", QUEUE_LABELS,
                                registry=self.registry)
-        self.fair = Gauge("gpupool_queue_fair_share_gpus", "GPU-unit fair share per queue", ["queue"],
+        self.fair = Gauge("gpupool_queue_fair_share_gpus", "GPU-unit fair share per queue", QUEUE_LABELS,
                           registry=self.registry)
-        self.pending = Gauge("gpupool_queue_pending_jobs", "pending jobs per queue", ["queue"], registry=self.registry)
-        self.used = Gauge("gpupool_queue_used_gpus", "GPUs in use (utilisation-weighted) per queue", ["queue"],
+        self.pending = Gauge("gpupool_queue_pending_jobs", "pending jobs per queue", QUEUE_LABELS,
+                             registry=self.registry)
+        self.used = Gauge("gpupool_queue_used_gpus", "GPUs in use (utilisation-weighted) per queue", QUEUE_LABELS,
                           registry=self.registry)
         self.cycle = Histogram("gpupool_scheduler_cycle_seconds", "scheduling cycle latency", registry=self.registry,
                                buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
@@ -115,13 +126,14 @@ class Metrics:
         allocated, used = self._holdings()
         queues = set(pending) | set(fair_shares) | set(allocated)
         for queue in queues:
-            self.pending.labels(queue).set(pending.get(queue, 0))
-            self.fair.labels(queue).set(fair_shares.get(queue, 0) / 1000)
-            self.allocated.labels(queue).set(allocated.get(queue, 0.0))
-            self.used.labels(queue).set(used.get(queue, 0.0))
+            labels = queue_labels(queue)
+            self.pending.labels(*labels).set(pending.get(queue, 0))
+            self.fair.labels(*labels).set(fair_shares.get(queue, 0) / 1000)
+            self.allocated.labels(*labels).set(allocated.get(queue, 0.0))
+            self.used.labels(*labels).set(used.get(queue, 0.0))
         for gone in self._queues - queues:
             for gauge in (self.pending, self.fair, self.allocated, self.used):
-                gauge.remove(gone)
+                gauge.remove(*queue_labels(gone))
         self._queues = queues
 
     def _holdings(self) -> tuple[dict[str, float], dict[str, float]]:

@@ -284,6 +284,7 @@ class ProcessRuntime(WorkloadRuntime):
         """Start `argv` under the wrapper in a new session, as the user `identity` picks, with the environment of
         `spec` and `gpus` (and no_new_privs unless told otherwise); persist and return its handle. LaunchError (and
         nothing left behind) when it cannot."""
+        _no_nul(argv, spec.env, spec.workdir)
         name = workload_dir_name(spec.allocation_id, spec.attempt)
         state_dir, work_dir = self._root / name, self._work_root / name
         if (state_dir / STATE_FILE).exists():
@@ -420,6 +421,16 @@ def discard(state_dir: Path, work_dir: Path, user: JobUser) -> None:
     if user.claim:
         uids.release(Path(user.claim), state_dir)
     shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _no_nul(argv: Sequence[str], env: Mapping[str, str], workdir: str | None) -> None:
+    """LaunchError naming the first string that no process can carry (a NUL byte): exec would refuse it, and the
+    wrapper gets the job's environment in memory, where only this check sees it."""
+    named = [(f"command[{i}]", arg) for i, arg in enumerate(argv)] + [("workdir", workdir or "")]
+    named += [(f"env {key!r}", f"{key}={value}") for key, value in env.items()]
+    for field, text in named:
+        if "\0" in text:
+            raise LaunchError(f"{field}: embedded null byte")
 
 
 def read_exit_code(handle: RunHandle) -> int | None:
