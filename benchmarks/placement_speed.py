@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpupool.core import Framework, Workload, default_registry, placement_profile
 from gpupool.core.fragmentation import FragModel
-from gpupool.core.placement import FEASIBLE_MIN
+from gpupool.core.framework.placement import FEASIBLE_MIN
 from gpupool.sim.cluster import SimCluster
 from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.traces.openb import read_nodes, read_pods
@@ -29,7 +29,7 @@ def scaled(nodes, copies):
 def uncached_rate(nodes, order, profile) -> float:
     """Decisions/s when every decision evaluates every node afresh (no memo, no score arrays)."""
     cluster = SimCluster(nodes)
-    placer = Framework.build(profile, default_registry()).placer
+    placer = Framework.build(profile, default_registry()).plugins.placer
     table, rng = cluster.table, random.Random(0)
     started = time.perf_counter()
     for _, pod in order[:BASELINE_DECISIONS]:

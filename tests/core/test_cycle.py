@@ -107,7 +107,7 @@ def test_the_quota_precheck_tells_preemptible_from_non_preemptible_jobs_of_one_s
     # minimal charges are remembered per job on the tree: a non-preemptible job must fit the guarantee (0 here), a
     # preemptible one of the same shape only the limit, in whichever order they are asked, also under one job id
     from gpupool.core import QueueSpec, QueueTree, ResourceVector, scheduling_profile
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
     from gpupool.core.queues import GPU_UNITS
     tree = QueueTree([QueueSpec("q", limit=ResourceVector({GPU_UNITS: 4000}))])
     table = table_of(make_node("a", gpus=4))
@@ -115,7 +115,7 @@ def test_the_quota_precheck_tells_preemptible_from_non_preemptible_jobs_of_one_s
     shape = make_shape(1000)
     for first in (True, False):
         jobs = [make_job(f"j{k}", shape, queue="q", preemptible=p) for k, p in enumerate((first, not first))]
-        cycle = Cycle(ClusterSnapshot(table, tuple(jobs), {}, queues=tree), framework, FixedClock(0.0),
+        cycle = Cycle(ClusterSnapshot(table, tuple(jobs), {}, queues=tree), framework.plugins, FixedClock(0.0),
                       random.Random(0))
         verdicts = {job.preemptible: cycle.quota_precheck(job) for job in jobs}
         assert verdicts[True] == "" and "guarantee" in verdicts[False], verdicts
@@ -123,14 +123,15 @@ def test_the_quota_precheck_tells_preemptible_from_non_preemptible_jobs_of_one_s
 
 def test_a_new_job_under_a_remembered_id_is_charged_for_its_own_tasks():
     from gpupool.core import QueueSpec, QueueTree, ResourceVector, scheduling_profile
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
     from gpupool.core.queues import GPU_UNITS
     tree = QueueTree([QueueSpec("q", limit=ResourceVector({GPU_UNITS: 4000}))])
     table = table_of(make_node("a", gpus=8))
     framework = Framework.build(scheduling_profile("fifo", "bestfit"), default_registry())
     for gpus, refused in ((8, True), (1, False), (8, True)):
         job = make_job("j", make_shape(1000, gpu_count=gpus), queue="q")
-        cycle = Cycle(ClusterSnapshot(table, (job,), {}, queues=tree), framework, FixedClock(0.0), random.Random(0))
+        cycle = Cycle(ClusterSnapshot(table, (job,), {}, queues=tree), framework.plugins, FixedClock(0.0),
+                      random.Random(0))
         assert bool(cycle.quota_precheck(job)) is refused, gpus
 
 

@@ -21,7 +21,7 @@ from gpupool.core import (
 )
 from gpupool.core.actions.reclaim import _JobUnits, _KeepsShare
 from gpupool.core.actions.room import make_room
-from gpupool.core.cycle import Cycle
+from gpupool.core.framework import Cycle
 from gpupool.core.testing.builders import gpu_units, make_job, make_node, make_shape, run_on, table_of
 
 ONE = make_shape(1000)
@@ -35,7 +35,7 @@ def test_making_room_tries_each_candidate_as_soon_as_it_is_found():
     for k in range(16):
         run_on(table, running, f"n{k // 4}", f"j{k}/0", ONE)
     framework = Framework.build(placement_profile("bestfit"), default_registry())
-    cycle = Cycle(ClusterSnapshot(table, (), running), framework, FixedClock(0.0), random.Random(0))
+    cycle = Cycle(ClusterSnapshot(table, (), running), framework.plugins, FixedClock(0.0), random.Random(0))
     asked: set[str] = set()
 
     def may_take(task):
@@ -70,7 +70,7 @@ def test_a_reclaimer_refuses_a_whole_queue_exactly_when_it_refuses_a_victim_hold
         run_on(table, running, f"n{2 * n}", f"{queue}-cpu/0", NO_GPU, queue=queue)
     job = make_job("asker", ONE, queue="A")
     framework = Framework.build(scheduling_profile("fair-share", "bestfit"), default_registry())
-    cycle = Cycle(ClusterSnapshot(table, (job,), running, queues=tree), framework, FixedClock(3600.0),
+    cycle = Cycle(ClusterSnapshot(table, (job,), running, queues=tree), framework.plugins, FixedClock(3600.0),
                   random.Random(0))
     may_take = _KeepsShare(cycle, tree, job, _JobUnits(cycle), guarantee)
     for queue in "BC":

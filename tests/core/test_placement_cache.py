@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core import Framework, Workload, default_registry, nodes, placement, placement_profile
+from gpupool.core import Framework, Workload, default_registry, nodes, placement_profile
 from gpupool.core.fit import node_fits
+from gpupool.core.framework import placement
+from gpupool.core.framework.placement import FEASIBLE_MIN
 from gpupool.core.model import DeviceShare
-from gpupool.core.placement import FEASIBLE_MIN
 from gpupool.core.testing.builders import make_node, make_shape, table_of
 
 SHAPES = [make_shape(250, cpu_milli=2000), make_shape(1000), make_shape(1000, gpu_count=4),
@@ -39,7 +40,7 @@ def test_cached_scores_match_fresh_evaluation(limits, policy, arrivals, seed):
 def _place_and_compare(policy, arrivals, seed):
     table = table_of(*[make_node(f"n{i}", gpus=g, cpu_milli=16_000 * g) for i, g in enumerate([1, 2, 4, 8, 8])])
     prof = placement_profile(policy).with_workload(Workload.from_shapes(SHAPES))
-    placer = Framework.build(prof, default_registry()).placer
+    placer = Framework.build(prof, default_registry()).plugins.placer
     rng = random.Random(seed)
     placed = []
     for k in arrivals:
@@ -82,7 +83,7 @@ def _check_excluded(placer, table, shape, excluded, seed):
 @given(st.lists(st.integers(0, len(SHAPES) - 1), max_size=12), st.sets(st.integers(0, 4)), st.integers(0, 10_000))
 def test_random_tie_break_keeps_off_excluded_nodes(arrivals, excluded, seed):
     table = table_of(*[make_node(f"n{i}", gpus=g, cpu_milli=16_000 * g) for i, g in enumerate([1, 2, 4, 8, 8])])
-    placer = Framework.build(placement_profile("random"), default_registry()).placer
+    placer = Framework.build(placement_profile("random"), default_registry()).plugins.placer
     rng = random.Random(seed)
     for k in arrivals:
         i = placer.choose(table, SHAPES[k], rng)
@@ -93,7 +94,7 @@ def test_random_tie_break_keeps_off_excluded_nodes(arrivals, excluded, seed):
 
 
 def test_a_table_without_nodes_places_nothing_and_says_why():
-    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).plugins.placer
     table = table_of()
     assert placer.choose(table, WHOLE, random.Random(0)) is None
     assert len(placer.scores(table, WHOLE)) == 0 and placer.explain(table, WHOLE) == []
@@ -142,7 +143,7 @@ def test_scores_stay_exact_across_a_renumbering(monkeypatch):
     monkeypatch.setattr(nodes.NodeTable, "_renumber", lambda table: renumbered.append(1) or renumber(table))
     monkeypatch.setattr(nodes, "_KEY_LIMIT", 2)
     table = table_of(*[make_node(f"n{i}", gpus=2) for i in range(4)])
-    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).plugins.placer
     rng = random.Random(0)
     for _ in range(6):
         i = placer.choose(table, WHOLE, rng)

@@ -53,7 +53,7 @@ def test_fgd_prefers_the_gpu_that_lowers_fragmentation():
 def test_fgd_node_choice_follows_steepest_descent():
     table = table_of((make_node("a"), [500, 1000]), (make_node("b"), [1000, 1000]))
     profile = placement_profile("fgd").with_args("fgd", workload=HALF_AND_WHOLE)
-    placer = Framework.build(profile, default_registry()).placer
+    placer = Framework.build(profile, default_registry()).plugins.placer
     assert table.names[placer.choose(table, make_shape(500), random.Random(0))] == "a"
 
 
@@ -107,7 +107,7 @@ def test_gpuclustering_scores(tags, idle, want):
 
 def test_whole_gpu_task_takes_lowest_index_free_gpus():
     table = table_of((make_node("n", gpus=4), [1000, 300, 1000, 1000]))
-    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).plugins.placer
     shares = placer.pick(table, 0, make_shape(1000, gpu_count=2), random.Random(0))
     assert [s.index for s in shares] == [0, 2]
 
@@ -119,19 +119,19 @@ def test_whole_gpu_task_takes_lowest_index_free_gpus():
 )
 def test_fraction_device_choice(policy, gpu_free, want_gpu):
     table = table_of((make_node("n", gpus=3), gpu_free))
-    placer = Framework.build(placement_profile(policy), default_registry()).placer
+    placer = Framework.build(placement_profile(policy), default_registry()).plugins.placer
     assert placer.pick(table, 0, make_shape(500), random.Random(0))[0].index == want_gpu
 
 
 def test_ties_go_to_the_lowest_node_name():
     table = table_of(make_node("b"), make_node("a"), make_node("c"))
-    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).plugins.placer
     assert table.names[placer.choose(table, make_shape(1000), random.Random(0))] == "a"
 
 
 def test_random_draws_every_feasible_node_and_no_infeasible_one():
     table = table_of(make_node("a"), make_node("b"), (make_node("full"), [0, 0]), make_node("c"))
-    placer = Framework.build(placement_profile("random"), default_registry()).placer
+    placer = Framework.build(placement_profile("random"), default_registry()).plugins.placer
     rng = random.Random(7)
     chosen = {table.names[placer.choose(table, make_shape(1000), rng)] for _ in range(200)}
     assert chosen == {"a", "b", "c"}
@@ -139,6 +139,6 @@ def test_random_draws_every_feasible_node_and_no_infeasible_one():
 
 def test_gpu_model_constraint_is_honoured():
     table = table_of(make_node("a", model="T4"), make_node("b", model="V100"))
-    placer = Framework.build(placement_profile("bestfit"), default_registry()).placer
+    placer = Framework.build(placement_profile("bestfit"), default_registry()).plugins.placer
     assert table.names[placer.choose(table, make_shape(1000, models=["V100"]), random.Random(0))] == "b"
     assert placer.choose(table, make_shape(1000, models=["H100"]), random.Random(0)) is None

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpupool.core import ClusterSnapshot, FixedClock, Framework, default_registry, placement_profile
 from gpupool.core.actions.room import _by_node
-from gpupool.core.cycle import Cycle
+from gpupool.core.framework import Cycle
 from gpupool.core.testing.builders import make_node, make_shape, run_on, table_of
 
 WHOLE = make_shape(1000)
@@ -39,7 +39,7 @@ def test_the_grouping_follows_evictions_and_moves(changes):
     for k in range(12):
         run_on(table, running, f"n{k % 3}", f"j{k}/0", WHOLE)  # n3 stays empty: moves go there
     framework = Framework.build(placement_profile("bestfit"), default_registry())
-    cycle = Cycle(ClusterSnapshot(table, (), running), framework, FixedClock(0.0), random.Random(0))
+    cycle = Cycle(ClusterSnapshot(table, (), running), framework.plugins, FixedClock(0.0), random.Random(0))
     victims = sorted(running.values(), key=lambda t: t.task_id)
     assert _used(cycle, victims) == _fresh(cycle, victims)
     with cycle.statement() as stmt:
@@ -50,5 +50,5 @@ def test_the_grouping_follows_evictions_and_moves(changes):
             if action == "evict":
                 stmt.evict(task, "test")
             elif task.node != "n3" and table.states[3].gpu_idle >= 1000:
-                stmt.move(task, 3, framework.placer.pick(table, 3, WHOLE, cycle.rng))
+                stmt.move(task, 3, framework.plugins.placer.pick(table, 3, WHOLE, cycle.rng))
             assert _used(cycle, victims) == _fresh(cycle, victims)

@@ -34,9 +34,9 @@ from gpupool.core import (
 )
 from gpupool.core.decisions import Move
 from gpupool.core.fit import copies_fit, fitting_gpus, node_fits
+from gpupool.core.framework.status import Code
 from gpupool.core.nodes import NodeKind
 from gpupool.core.plugins.filter.gpu_fit import GpuFitFilter
-from gpupool.core.status import Code
 from gpupool.core.testing.builders import make_job, make_node, make_shape, table_of
 
 

@@ -8,19 +8,13 @@ from gpupool.core.cycle import CycleResult, run_cycle
 from gpupool.core.decisions import ApplyReport, Bind, Decision, DecisionSink, Evict
 from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.fragmentation import FragModel, TaskClass, Workload
+from gpupool.core.framework.registry import Registry
+from gpupool.core.framework.runtime import WORKLOAD_AWARE, Framework, Profile
 from gpupool.core.model import DeviceShare, GpuDevice, JobSpec, NodeSpec, TaskShape, TaskSpec
 from gpupool.core.nodes import NodeKind, NodeState, NodeTable
-from gpupool.core.profile import (
-    PLACEMENT_PROFILES,
-    SCHEDULING_PROFILES,
-    WORKLOAD_AWARE,
-    Framework,
-    Profile,
-    placement_profile,
-    scheduling_profile,
-)
+from gpupool.core.profile import PLACEMENT_PROFILES, SCHEDULING_PROFILES, placement_profile, scheduling_profile
 from gpupool.core.queues import QueueSpec, QueueTree
-from gpupool.core.registry import Registry, default_registry
+from gpupool.core.registry import default_registry
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot, RunningTask
 

@@ -1,68 +1,15 @@
-"""Profiles: which actions run and which plugins decide, as validated data.
-
-`Framework.build(profile, registry)` checks every name and argument against the registry once, so
-a bad profile fails before its first cycle, never halfway through one. A plugin named in several
-extension points (FGD scores and picks devices) is built once and shared.
+"""The named profiles gpupool ships: placement policies (`PLACEMENT_PROFILES`) and multi-tenant scheduling profiles
+(`SCHEDULING_PROFILES`), as `Profile` values (`gpupool.core.framework.runtime`) that name in-tree actions and plugins.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any
 
-from gpupool.core.framework import (
-    Action,
-    DevicePlugin,
-    FilterPlugin,
-    Plugin,
-    QueueOrderPlugin,
-    ScorePlugin,
-    VictimPlugin,
-)
-from gpupool.core.placement import Placer, TieBreak
-from gpupool.core.registry import Registry
-
-P = TypeVar("P", bound=Plugin)
-
-
-#: Plugins that need a target workload (`args[plugin]["workload"]`); see `Profile.with_workload`.
-WORKLOAD_AWARE = frozenset({"fgd", "strand_aware"})
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    actions: tuple[str, ...] = ("allocate",)
-    queue_order: str = "fifo"
-    filters: tuple[str, ...] = ("gpu_fit",)
-    scores: tuple[tuple[str, int], ...] = (("bestfit", 1),)
-    devices: str = "best_fit"
-    tie_break: TieBreak = "name"
-    victims: str = "least_work"
-    args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    @property
-    def workload_plugins(self) -> tuple[str, ...]:
-        """The workload-aware plugins this profile uses."""
-        names = {n for n, _ in self.scores} | {self.devices}
-        return tuple(sorted(names & WORKLOAD_AWARE))
-
-    def with_workload(self, workload: Any) -> Profile:
-        """A copy whose workload-aware plugins all get `workload` (a `Workload`)."""
-        profile = self
-        for name in self.workload_plugins:
-            profile = profile.with_args(name, workload=workload)
-        return profile
-
-    def with_args(self, plugin: str, **kwargs: Any) -> Profile:
-        """A copy whose plugin (or action) `plugin` gets `kwargs` merged into its arguments."""
-        merged = {**self.args, plugin: {**self.args.get(plugin, {}), **kwargs}}
-        return replace(self, args=merged)
-
-    def with_actions(self, *actions: str) -> Profile:
-        return replace(self, actions=tuple(actions))
+from gpupool.core.framework.placement import TieBreak
+from gpupool.core.framework.runtime import Profile
 
 
 def _placement(name: str, score: str, devices: str, tie_break: TieBreak = "name") -> Profile:
@@ -132,40 +79,3 @@ def placement_profile(policy: str) -> Profile:
     if policy not in PLACEMENT_PROFILES:
         raise ValueError(f"policy: unknown {policy!r}; choose from {', '.join(PLACEMENT_PROFILES)}")
     return PLACEMENT_PROFILES[policy]
-
-
-class Framework:
-    """A profile made concrete: action and plugin instances, and the placement engine."""
-
-    def __init__(self, profile: Profile, actions: list[Action], queue_order: QueueOrderPlugin,
-                 placer: Placer, victims: VictimPlugin) -> None:
-        self.profile = profile
-        self.actions = actions
-        self.queue_order = queue_order
-        self.placer = placer
-        self.victims = victims
-
-    @classmethod
-    def build(cls, profile: Profile, registry: Registry) -> Framework:
-        instances: dict[str, Plugin] = {}
-
-        def get(name: str, kind: type[P], field_name: str) -> P:
-            if name not in instances:
-                instances[name] = registry.create_plugin(name, profile.args.get(name, {}))
-            plugin = instances[name]
-            if not isinstance(plugin, kind):
-                raise ValueError(f"profile {profile.name}: {field_name}: {name!r} is not a {kind.__name__}")
-            return plugin
-
-        unknown = set(profile.args) - set(registry.plugins) - set(profile.actions)
-        if unknown:
-            raise ValueError(f"profile {profile.name}: args: unknown plugins {sorted(unknown)}")
-        placer = Placer(
-            [get(n, FilterPlugin, "filters") for n in profile.filters],
-            [(get(n, ScorePlugin, "scores"), w) for n, w in profile.scores],
-            get(profile.devices, DevicePlugin, "devices"),
-            profile.tie_break,
-        )
-        actions = [registry.create_action(n, profile.args.get(n, {})) for n in profile.actions]
-        return cls(profile, actions, get(profile.queue_order, QueueOrderPlugin, "queue_order"), placer,
-                   get(profile.victims, VictimPlugin, "victims"))

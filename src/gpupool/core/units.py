@@ -15,6 +15,10 @@ CPU = "cpu_milli"
 MEMORY = "memory_mib"
 GPU_MEMORY = "gpu_memory_mib"
 RESOURCE_NAMES = (GPU, CPU, MEMORY, GPU_MEMORY)
+#: the largest node's CPU and GPU (ALGORITHMS.md §2.4): the default scale of the bestfit, dotprod and gpuclustering
+#: scores
+MAX_CPU_MILLI = 128_000
+MAX_GPU_MILLI = 8_000
 
 
 def parse_milli(text: str | int, *, field: str = "amount") -> int:

@@ -31,10 +31,10 @@ from gpupool.core import (
     default_registry,
     run_cycle,
 )
-from gpupool.core.cycle import cluster_capacity
 from gpupool.core.decisions import Move
 from gpupool.core.diagnostics import PendingKind
 from gpupool.core.feasible import never_fits
+from gpupool.core.framework.session import cluster_capacity
 from gpupool.core.metrics import cluster_figures
 from gpupool.core.predictor import RuntimePredictor, raised_after_overrun
 from gpupool.core.queues import GPU_UNITS

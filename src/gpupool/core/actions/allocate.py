@@ -21,14 +21,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpupool.core.actions.reservations import Reservation, ReservationPlan
+from gpupool.core.actions.reservations import ReservationPlan
 from gpupool.core.diagnostics import PendingKind, PendingReason, no_node_fits
-from gpupool.core.framework import Action
+from gpupool.core.framework import Action, Reservation
 from gpupool.core.model import JobSpec, TaskShape
 from gpupool.core.statement import Statement
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
 
 BACKFILL_MODES = ("none", "easy", "conservative")
 #: the (shape, fence) pairs no node took on the committed nodes; they stay failed for the rest of the pass, since
@@ -124,7 +124,7 @@ def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
         table, key = cycle.workspace.table, (job.tasks[0].shape, frozenset[int]())
         if key in failed:
             return False
-        if cycle.framework.placer.choose(table, key[0], cycle.rng) is not None:
+        if cycle.plugins.placer.choose(table, key[0], cycle.rng) is not None:
             return True
         failed.add(key)
         return False
@@ -154,7 +154,7 @@ def _explain(cycle: Cycle, stuck: Iterable[tuple[JobSpec, Stuck]], plan: Reserva
     """Block each stuck job with why no node takes it, on the nodes now: reservations alone (it fits off them), or
     why no node takes its task, counted once per (shape, fence). Only a job kept off reservations (by `plan`) has
     a fence."""
-    placer, table = cycle.framework.placer, cycle.workspace.table
+    placer, table = cycle.plugins.placer, cycle.workspace.table
     why: dict[tuple[TaskShape, frozenset[int]], list[tuple[str, int]]] = {}
     told: dict[tuple[TaskShape, frozenset[int], int, int], PendingReason] = {}  # jobs of one shape share a reason
     fits: dict[tuple[int, tuple[TaskShape, ...]], bool] = {}  # the nodes no longer change: once per gang shape
@@ -181,7 +181,7 @@ def _place_tasks(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
                  fenced: frozenset[int]) -> tuple[int, TaskShape] | None:
     """None when at least `min_tasks` of the job's tasks are placed, else (index, shape) of the first task that
     no node takes."""
-    placer, table = cycle.framework.placer, cycle.workspace.table
+    placer, table = cycle.plugins.placer, cycle.workspace.table
     for k, task in enumerate(job.tasks):
         key = (task.shape, fenced)
         if key not in failed:

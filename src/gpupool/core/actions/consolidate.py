@@ -33,7 +33,7 @@ from gpupool.core.snapshot import RunningTask
 from gpupool.core.statement import Statement
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
 
 
 class ConsolidateAction(Action):
@@ -97,13 +97,13 @@ class _Search:
     def order(self, job: JobSpec) -> Callable[[list[RunningTask]], list[RunningTask]]:
         """A node's victims for `job`: checkpointable tasks first (they lose nothing), each part in the victim
         plugin's order."""
-        plugin = self.cycle.framework.victims
+        plugin = self.cycle.plugins.victims
         return lambda tasks: sorted(plugin.order_victims(job, tasks), key=lambda t: not t.checkpointable)
 
     def place(self, job: JobSpec, stmt: Statement, allowance: int, fenced: frozenset[int]) -> int | None:
         """Moves spent placing `job` in `stmt` (0 when it fits without any), or None if it cannot start."""
         cycle = self.cycle
-        placer, table = cycle.framework.placer, cycle.workspace.table
+        placer, table = cycle.plugins.placer, cycle.workspace.table
         spent = 0
         for k, task in enumerate(job.tasks):
             i = placer.choose(table, task.shape, cycle.rng, fenced)

@@ -12,7 +12,7 @@ from gpupool.core.model import JobSpec
 from gpupool.core.snapshot import RunningTask
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
 
 
 def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
@@ -23,7 +23,7 @@ def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
 
     Like allocate, it keeps off the nodes that this cycle's reservations hold against `job`.
     """
-    placer, table, plugin = cycle.framework.placer, cycle.workspace.table, cycle.framework.victims
+    placer, table, plugin = cycle.plugins.placer, cycle.workspace.table, cycle.plugins.victims
     fenced = held_nodes(cycle.reservations, job, cycle.now)
     with cycle.statement() as stmt:
         for k, task in enumerate(job.tasks):

@@ -22,7 +22,7 @@ from gpupool.core.model import JobSpec
 from gpupool.core.snapshot import RunningTask
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
 
 
 class PreemptAction(Action):

@@ -34,7 +34,7 @@ from gpupool.core.resources import EMPTY
 from gpupool.core.snapshot import RunningTask
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
 
 
 class ReclaimAction(Action):

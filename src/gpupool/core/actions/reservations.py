@@ -19,12 +19,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpupool.core.fit import copies_fit, fitting_gpus, fraction_share, lowest_whole_gpus, node_fits, without
+from gpupool.core.framework import Reservation
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState, NodeTable
 from gpupool.core.snapshot import RunningTask
@@ -37,20 +37,7 @@ COPIES_MEMO_LIMIT = 100_000
 SHAPES_MEMO_LIMIT = 256
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    job_id: str
-    queue: str
-    nodes: frozenset[int]
-    start: float
-    end: float
-
-    def blocks(self, now: float, estimate_s: float | None) -> bool:
-        """Whether a job starting now with this estimate must keep off the reserved nodes."""
-        return estimate_s is None or now + estimate_s > self.start
+    from gpupool.core.framework import Cycle
 
 
 def blocking(reservations: list[Reservation], job: JobSpec, now: float) -> list[Reservation]:

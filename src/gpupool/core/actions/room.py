@@ -24,7 +24,7 @@ from gpupool.core.snapshot import RunningTask
 from gpupool.core.statement import Statement
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle
+    from gpupool.core.framework import Cycle
 
 CANDIDATE_NODES = 8
 #: nodes that would fit the task with all their victims gone, looked at for candidates (the bound on a search)
@@ -155,7 +155,7 @@ def _free(cycle: Cycle, stmt: Statement, i: int, shape: TaskShape, tasks: Sequen
 
 
 def _move(cycle: Cycle, stmt: Statement, task: RunningTask, off: frozenset[int]) -> bool:
-    placer, table = cycle.framework.placer, cycle.workspace.table
+    placer, table = cycle.plugins.placer, cycle.workspace.table
     target = placer.choose(table, task.shape, cycle.rng, off)
     if target is None:
         return False

@@ -4,10 +4,9 @@ task's group) the task needs, and takes untrusted images if the task runs one.""
 from __future__ import annotations
 
 from gpupool.core.fit import node_fits
-from gpupool.core.framework import FilterPlugin
+from gpupool.core.framework import OK, Code, FilterPlugin, Status
 from gpupool.core.model import TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
-from gpupool.core.status import OK, Code, Status
 
 _UNRESOLVABLE = ("GPU model not allowed", "too few GPUs on node", "node unschedulable",
                  "node refuses untrusted images")

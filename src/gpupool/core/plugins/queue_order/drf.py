@@ -10,7 +10,7 @@ from gpupool.core.framework import QueueOrderPlugin
 from gpupool.core.model import JobSpec
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import QueueView
+    from gpupool.core.framework import QueueView
 
 
 class DrfQueueOrder(QueueOrderPlugin):

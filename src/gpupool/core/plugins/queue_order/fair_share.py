@@ -28,7 +28,7 @@ from gpupool.core.model import JobSpec
 from gpupool.core.queues import GPU_UNITS
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import QueueView
+    from gpupool.core.framework import QueueView
 
 #: usage-to-share ratios are compared as integers scaled by this (exact to one part in 10^9, and far faster
 #: than fractions in the queue heap)

@@ -9,10 +9,7 @@ from __future__ import annotations
 from gpupool.core.framework import ScorePlugin
 from gpupool.core.model import TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
-from gpupool.core.units import trunc_div
-
-MAX_CPU_MILLI = 128_000
-MAX_GPU_MILLI = 8_000
+from gpupool.core.units import MAX_CPU_MILLI, MAX_GPU_MILLI, trunc_div
 
 
 class BestFitScore(ScorePlugin):

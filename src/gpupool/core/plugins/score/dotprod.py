@@ -10,8 +10,7 @@ from __future__ import annotations
 from gpupool.core.framework import ScorePlugin
 from gpupool.core.model import TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
-from gpupool.core.plugins.score.bestfit import MAX_CPU_MILLI, MAX_GPU_MILLI
-from gpupool.core.units import trunc_div
+from gpupool.core.units import MAX_CPU_MILLI, MAX_GPU_MILLI, trunc_div
 
 
 class DotProdScore(ScorePlugin):

@@ -6,8 +6,7 @@ from __future__ import annotations
 from gpupool.core.framework import ScorePlugin
 from gpupool.core.model import TaskShape
 from gpupool.core.nodes import NodeKind, NodeState, shape_tag
-from gpupool.core.plugins.score.bestfit import MAX_GPU_MILLI
-from gpupool.core.units import trunc_div
+from gpupool.core.units import MAX_GPU_MILLI, trunc_div
 
 
 class GpuClusteringScore(ScorePlugin):

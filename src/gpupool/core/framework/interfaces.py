@@ -1,4 +1,4 @@
-"""Extension points: one small ABC each. A plugin subclasses only the points it implements.
+"""Plugin extension points: one small ABC each. A plugin subclasses only the points it implements.
 
 Every plugin has a class-level `name` (snake_case, unique in a registry) that appears in profiles,
 diagnostics and logs. Placement plugins (filter, score, devices) are pure functions of
@@ -11,14 +11,15 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from gpupool.core.framework.status import Status
 from gpupool.core.model import DeviceShare, JobSpec, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
-from gpupool.core.status import Status
+from gpupool.core.resources import ResourceVector
 
 if TYPE_CHECKING:
-    from gpupool.core.cycle import Cycle, QueueView
     from gpupool.core.snapshot import RunningTask
 
 
@@ -60,6 +61,17 @@ class DevicePlugin(Plugin):
         """
 
 
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """What queue-order plugins see of a queue: live usage, this cycle's fair share, and its settings."""
+
+    used: ResourceVector
+    fair_share: int
+    capacity: ResourceVector
+    weight: int
+    priority: int
+
+
 class QueueOrderPlugin(Plugin):
     @abstractmethod
     def job_key(self, job: JobSpec, now: float) -> tuple[Hashable, ...]:
@@ -83,14 +95,3 @@ class VictimPlugin(Plugin):
         order) and that ranks each candidate on its own: callers ask for one node's victims at a time, and any
         subset comes out in the order it has within the whole. Called inside a Statement; must not drop a
         candidate it cannot rank."""
-
-
-class Action(ABC):
-    """One pass of a cycle (allocate, backfill, reclaim, preempt, consolidate), least disruptive first."""
-
-    name: ClassVar[str]
-
-    @abstractmethod
-    def execute(self, cycle: Cycle) -> None:
-        """Called once per cycle in profile order. Changes go through `cycle.statement()`; committed
-        decisions are collected with `cycle.emit`. Must not raise for expected outcomes."""

@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from gpupool.core.framework import DevicePlugin, FilterPlugin, ScorePlugin
+from gpupool.core.framework.interfaces import DevicePlugin, FilterPlugin, ScorePlugin
 from gpupool.core.model import DeviceShare, TaskShape
 from gpupool.core.nodes import NodeKind, NodeState, NodeTable
 
