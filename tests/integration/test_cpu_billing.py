@@ -3,9 +3,10 @@ real agent with fake GPUs, and the usage report of the public API. Before, such 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from agent_cluster import Cluster, wait_for
+from agent_cluster import SCALED, Cluster, wait_for
 
 CENTS_PER_HOUR = 3600  # one cent per core-second and per GiB-second: a short job costs enough to see
 
@@ -23,6 +24,7 @@ def test_a_job_without_gpus_is_billed_for_its_cpu_and_memory(cluster: Cluster) -
     cluster.wait_ready(["cpu-node"])
     job_id = cluster.submit(command=["sleep", "1.5"], gpus="0", cpus="0.5", memory_mib=2048)
     assert cluster.wait_job(job_id)["state"] == "succeeded"
+    time.sleep(3 * float(SCALED["GPUPOOL_METERING_INTERVAL_S"]))  # the metering after its release: its whole interval
     usage = wait_for(lambda: _usage_of(cluster, job_id), 30, "the job's usage metered")
     held_s = usage["cpu_hours"] * 3600 / 0.5  # how long the ledger says it held its half core: from its confirmed
     assert usage["gpu_hours"] == 0 and 0.5 <= held_s < 30, usage  # start to its exit, within the 1.5 s it slept
