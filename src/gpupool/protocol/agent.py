@@ -168,6 +168,8 @@ class Launch(_Frame):
     epoch: int = Field(ge=0)
     expires_at: float
     user: str = ""  # the submitting user's name: the local account of a node that runs jobs as local users
+    #: how long the workload keeps running while the agent hears from no control plane (None: the node's fence_s)
+    max_disconnect_s: float | None = Field(default=None, gt=0)
     node_id: str = ""  # the node this order is for (set when sealed)
     signature: str = ""  # base64 Ed25519 over signing.canonical(order)
 

@@ -319,6 +319,9 @@ class JobCreate(_Request):
     priority: int = Field(default=0, ge=-1000, le=1000)
     preemptible: bool = True
     runtime_limit_s: int | None = Field(default=None, ge=1, le=366 * 86400)
+    max_disconnect_s: int | None = Field(default=None, ge=1, le=7 * 86400, description=(
+        "how long the job's tasks keep running on a node that hears from no control plane before they are stopped "
+        "and the job requeued elsewhere; at most the pool's max_disconnect (default: the queue's, else the pool's)"))
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=32)
     secret_env: dict[launch.JobEnvName, Annotated[str, AfterValidator(_secret_value)]] = Field(
         default_factory=dict, max_length=64,

@@ -1,10 +1,18 @@
 """The server end of every agent's outbound channel: registration, orders out, reports in, liveness.
 
-Liveness (RELIABILITY.md §2.2): a node silent for `suspect_after_s` takes no new work; silent for
-`lost_after_s` it is lost, its allocations are released (billing ends at its last heartbeat) and its
-jobs requeued. The agent fences itself after `fence_s` < `lost_after_s`, so no attempt runs twice.
-Only the scheduler lease's holder declares nodes lost (fenced by its epoch, like every scheduler write), never
-while the control plane is itself impaired, and at a bounded rate (gpupool.server.scheduler.liveness).
+Liveness (RELIABILITY.md §2.2): silence is not death. A node silent for `suspect_after_s` is *unreachable*: it takes
+no new work, and its agent keeps running what it runs for `max_disconnect_s` (or a job's shorter one) without word
+from any control plane, then fences it. Its work is requeued only once it can no longer run: `requeue_margin_s` after
+the work's own max_disconnect (counted from the later of the last frame heard from the node and the last frame sent to
+it, so that an order that reached it is counted), or at once when it is known dead (a new boot of its agent, or an
+operator's `node down`). Silent for `lost_after_s` the node is lost: every allocation is released (billing ends at its
+last heartbeat) and its jobs requeued. Only the scheduler lease's holder declares nodes lost (fenced by its epoch, like
+every scheduler write), never while the control plane is itself impaired (at its start or takeover every node is
+given a fresh grace), and at a bounded rate (gpupool.server.scheduler.liveness).
+
+Leadership: only the scheduler lease's holder speaks to agents. A control plane that does not hold the lease admits
+no channel and no registration (503: agents try their next control plane), and a leader that loses the lease closes
+every channel and acknowledges nothing more, so its agents hear a deposed leader as silence and move to the new one.
 
 Database outage (RELIABILITY.md T7): a report that cannot be applied because the database is unreachable is not
 acked, and neither is anything after it (acks are cumulative); every frame still gets an Ack of what was applied,
@@ -77,7 +85,7 @@ from gpupool.server import order_keys
 from gpupool.server.agent_ca import AgentCA, CertificateRequestError
 from gpupool.server.auth import hash_secret, new_token, resolve
 from gpupool.server.db.engine import Database, unreachable
-from gpupool.server.db.models import AgentCertificate, Allocation, ClusterSample, Gpu, JoinToken, Node, Token
+from gpupool.server.db.models import AgentCertificate, Allocation, ClusterSample, Gpu, Job, JoinToken, Node, Token
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, node_spec, nodes_with_gpus
 from gpupool.server.joblogs import JobLogs
 from gpupool.server.scheduler.binder import Binder
@@ -123,7 +131,8 @@ class AgentHub:
     def __init__(self, db: Database, cache: ClusterCache, settings: Settings) -> None:
         self.db, self.cache, self.settings = db, cache, settings
         self.queues: dict[str, asyncio.Queue[ServerFrameOut]] = {}
-        self.last_seen: dict[str, float] = {}
+        self.last_seen: dict[str, float] = {}  # node -> monotonic time of its latest fresh frame
+        self.last_sent: dict[str, float] = {}  # node -> monotonic time a frame last left for it
         self.seqs: dict[str, tuple[str, int]] = {}
         self.retired_boots: dict[str, list[str]] = {}  # per node, the last RETIRED_BOOTS boots a Hello replaced
         self.signer = order_keys.load_or_create(settings.order_key_path)
@@ -169,6 +178,7 @@ class AgentHub:
         another node, 422 naming `gpus[i].index` / `gpus[i].uuid` for one repeated within the registration, 400 for
         a malformed CSR."""
         _check_unique_gpus(reg.gpus)
+        self.require_leader()
         prefix, _, secret = reg.join_token.partition(".")
         with self.db.session() as session:
             row = session.get(JoinToken, prefix, with_for_update=True)
@@ -189,7 +199,7 @@ class AgentHub:
         self.reload_nodes()
         self.last_seen[node_id] = time.monotonic()
         return RegistrationReply(node_id=node_id, credential=credential, heartbeat_s=self.settings.heartbeat_s,
-                                 fence_s=self.settings.fence_s, kill_grace_s=self.settings.kill_grace_s,
+                                 fence_s=self.settings.max_disconnect_s, kill_grace_s=self.settings.kill_grace_s,
                                  order_key=self.signer.public_key, certificate=certificate,
                                  ca_certificate=self.ca.pem, agent_port=self.agent_port)
 
@@ -236,7 +246,8 @@ class AgentHub:
 
     def _forget(self, node_id: str) -> None:
         """Drop what this process keeps of a node's agent: liveness, boots, telemetry and the orders queued for it."""
-        for table in (self.last_seen, self.seqs, self.retired_boots, self.held, self.telemetry, self.renewed_at):
+        for table in (self.last_seen, self.last_sent, self.seqs, self.retired_boots, self.held, self.telemetry,
+                      self.renewed_at):
             table.pop(node_id, None)
         self.resync.discard(node_id)
         queue = self.queues.get(node_id)
@@ -251,6 +262,14 @@ class AgentHub:
             self.loop.call_soon_threadsafe(drain)
         else:
             drain()
+
+    def _close_all(self, reason: str) -> None:
+        """Close every open channel (from the event loop): a deposed leader speaks to no agent."""
+        for node_id, live in list(self.sessions.items()):
+            if live:
+                log.warning("closing %d channel(s) of node %s: %s", len(live), node_id, reason)
+            for ws in list(live):
+                asyncio.ensure_future(ws.close(1013, reason[:120]))
 
     def close_sessions(self, node_id: str, reason: str) -> None:
         """Close every open channel of `node_id` (thread-safe): after a revocation, the session kill."""
@@ -271,10 +290,23 @@ class AgentHub:
 
     # the channel -----------------------------------------------------------------------------
 
+    def leads(self) -> bool:
+        """Whether this process holds the scheduler lease (always, without one: tests of the hub alone)."""
+        return self.lease is None or self.lease.is_leader()
+
+    def require_leader(self) -> None:
+        """HTTP 503 unless this process leads: agents then try their next control plane."""
+        if not self.leads():
+            raise HTTPException(503, "this control plane is a standby: it does not hold the scheduler lease",
+                                headers={"Retry-After": "1"})
+
     def admit(self, token: str, certificate_der: bytes | None) -> tuple[str, str]:
         """(node_id, serial) of a channel handshake with the node credential `token` and the client certificate
-        `certificate_der` (already verified against the CA by TLS). Raises Refused: 401 for an unknown credential,
-        403 for a credential that is not a node's, or a certificate that is not a live one of that node's."""
+        `certificate_der` (already verified against the CA by TLS). Raises Refused: 503 when this process does not
+        lead, 401 for an unknown credential, 403 for a credential that is not a node's, or a certificate that is not
+        a live one of that node's."""
+        if not self.leads():
+            raise Refused(503, "this control plane is a standby: it does not hold the scheduler lease")
         try:
             with self.db.session() as session:
                 principal = resolve(session, token)
@@ -325,7 +357,7 @@ class AgentHub:
         self.resync.discard(node_id)
         live = self.sessions.setdefault(node_id, {})
         self._replace(node_id, serial, live)
-        sender = live[ws] = asyncio.create_task(self._pump(ws, queue))
+        sender = live[ws] = asyncio.create_task(self._pump(node_id, ws, queue))
         try:
             while True:
                 raw = await ws.recv()
@@ -334,6 +366,9 @@ class AgentHub:
                     return
                 if len(raw) > MAX_FRAME_BYTES:
                     await ws.close(code=1009)
+                    return
+                if not self.leads():  # deposed: acknowledge nothing, so the agent hears silence and moves on
+                    await ws.close(code=1013, reason="not the leader")
                     return
                 await self._handle(node_id, raw)
                 if node_id in self.resync:  # the database is back: re-sent reports come on the next connection
@@ -358,7 +393,7 @@ class AgentHub:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    async def _pump(self, ws: AgentSocket, queue: asyncio.Queue[ServerFrameOut]) -> None:
+    async def _pump(self, node_id: str, ws: AgentSocket, queue: asyncio.Queue[ServerFrameOut]) -> None:
         while True:
             frame = await queue.get()
             try:
@@ -366,6 +401,7 @@ class AgentHub:
             except Exception:  # the socket closed: keep the frame for the next connection
                 queue.put_nowait(frame)
                 return
+            self.last_sent[node_id] = time.monotonic()  # it may have reached the agent: its silence counts from here
 
     async def _handle(self, node_id: str, raw: str) -> None:
         if node_id in self.reset_nodes:
@@ -555,8 +591,9 @@ class AgentHub:
         last_metered = 0.0
         while True:
             await asyncio.sleep(min(1.0, self.settings.heartbeat_s))
-            if self.lease is not None and not self.lease.is_leader():
-                continue  # the passive process, or a leader cut off from the database: nothing to decide
+            if not self.leads():  # the passive process, or a leader cut off from the database: nothing to decide
+                self._close_all("this control plane no longer holds the scheduler lease")
+                continue
             try:
                 await asyncio.to_thread(self.check_liveness, time.monotonic())
                 assert self.lifecycle is not None
@@ -611,34 +648,62 @@ class AgentHub:
             self.last_seen[node_id] = max(self.last_seen[node_id], now)
 
     def check_liveness(self, now: float) -> None:
-        """Suspect nodes silent past `suspect_after_s`; declare lost (and requeue) those silent past `lost_after_s`
-        as the guard allows, fenced by the lease epoch this pass started under. When the guard lifts after an
-        outage or a mass silence, every node first gets a fresh grace G (as Kubernetes does on leaving a zone's
-        full disruption): nodes still silent are declared lost G after the guard ends."""
+        """Mark nodes silent past `suspect_after_s` unreachable and requeue their work whose own max_disconnect has
+        surely passed; declare lost (and requeue everything of) those silent past `lost_after_s`, as the guard allows,
+        fenced by the lease epoch this pass started under. When the guard lifts after an outage or a mass silence,
+        every node first gets a fresh grace (as Kubernetes does on leaving a zone's full disruption): nodes still
+        silent are judged again from then."""
         epoch = self.lease.epoch if self.lease is not None else None
-        silent = {n: now - t for n, t in self.last_seen.items()}
+        silent = self._silence(now)
         before = self.guard.reason
         if self.guard.check(now, silent, self.db.unreachable_at):
             log.debug("liveness guard holds: %s", self.guard.reason)
         elif before and before != "starting":
             log.warning("liveness guard lifted (it held for: %s); every node gets a fresh grace", before)
             self._fresh_grace(now)
-            silent = {n: now - t for n, t in self.last_seen.items()}
+            silent = self._silence(now)
         for node_id, quiet in silent.items():
-            if quiet > self.settings.lost_after_s and self.guard.allow_lost(now):
-                assert self.lifecycle is not None
-                try:
-                    requeued = self.lifecycle.node_lost(node_id, None, epoch)
-                except Fenced:
-                    return
-                log.warning("node %s lost after %.1f s of silence; %d job(s) requeued", node_id, quiet, requeued)
-                if self.on_lost is not None:
-                    self.on_lost(requeued)
-                del self.last_seen[node_id]
-                self._drop_launches(node_id)
-                self._set_state(node_id, "lost")
-            elif quiet > self.settings.suspect_after_s:
-                self._set_state(node_id, "suspect")
+            try:
+                if quiet > self.settings.lost_after_s and self.guard.allow_lost(now):
+                    self._lost(node_id, quiet, epoch)
+                elif quiet > self.settings.suspect_after_s:
+                    self._set_state(node_id, "unreachable")
+                    if not self.guard.engaged:
+                        self._requeue_overdue(node_id, quiet, epoch)
+            except Fenced:
+                return
+
+    def _silence(self, now: float) -> dict[str, float]:
+        """Each tracked node's silence: since its latest fresh frame, or the latest frame sent to it if later (an
+        order that reached the agent restarted its own count)."""
+        return {n: now - max(t, self.last_sent.get(n, t)) for n, t in self.last_seen.items()}
+
+    def _lost(self, node_id: str, quiet: float, epoch: int | None) -> None:
+        assert self.lifecycle is not None
+        requeued = self.lifecycle.node_lost(node_id, None, epoch)
+        log.warning("node %s lost after %.1f s of silence; %d job(s) requeued", node_id, quiet, requeued)
+        if self.on_lost is not None:
+            self.on_lost(requeued)
+        del self.last_seen[node_id]
+        self._drop_launches(node_id)
+        self._set_state(node_id, "lost")
+
+    def _requeue_overdue(self, node_id: str, quiet: float, epoch: int | None) -> None:
+        """Requeue the work of an unreachable node whose own (shorter than the pool's) max_disconnect has surely
+        passed; work under the pool's is requeued when the node is declared lost (at the guard's pace)."""
+        margin = self.settings.requeue_margin_s
+        with self.db.session() as session:
+            rows = session.execute(select(Allocation.id, Job.spec).join(Job, Job.id == Allocation.job_id).where(
+                Allocation.node_id == node_id, Allocation.state.in_(OPEN_ALLOCATION_STATES))).all()
+        limits = {allocation_id: self.settings.disconnect_limit_s(spec.get("max_disconnect_s"))
+                  for allocation_id, spec in rows}
+        overdue = [allocation_id for allocation_id, limit in limits.items()  # the pool's own: when the node is lost
+                   if limit < self.settings.max_disconnect_s and quiet > limit + margin]
+        if overdue:
+            assert self.lifecycle is not None
+            requeued = self.lifecycle.node_lost(node_id, None, epoch, only=overdue)
+            log.warning("node %s unreachable for %.1f s: %d job(s) past their max_disconnect requeued", node_id,
+                        quiet, requeued)
 
     def _drop_launches(self, node_id: str) -> None:
         """Forget the launch orders still queued for a node just declared lost (thread-safe): their allocations are

@@ -18,8 +18,9 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,15 @@ from starlette.types import Scope
 import gpupool
 from gpupool.core import DeviceShare
 from gpupool.protocol.agent import Registration, RegistrationReply
-from gpupool.server import guard, headers, unavailable
+from gpupool.protocol.signing import key_hash
+from gpupool.server import agent_ca, guard, headers, pool_keys, unavailable
 from gpupool.server.agent_hub import AgentHub
 from gpupool.server.agent_listener import AgentListener
 from gpupool.server.auth import principal_from, require
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, QueueIndex, job_spec
-from gpupool.server.keyring import Keyring
+from gpupool.server.keyring import Keyring, KeyringError
 from gpupool.server.metrics import Metrics
 from gpupool.server.routers import api, sessions, usage
 from gpupool.server.routers import audit as audit_routes
@@ -98,6 +100,35 @@ def _load_cache(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
             hub.last_seen.setdefault(allocation.node_id, time.monotonic())
 
 
+def pool_refusal(db: Database, keyring: Keyring, hub: AgentHub, settings: Settings) -> str | None:
+    """Why this control plane may not lead the pool (one line), or None: its master key, agent CA and order key
+    must be the pool's (gpupool.server.pool_keys; the first start records them, and makes the master key)."""
+    try:
+        with db.session() as session:
+            keyring.start(session)  # the master key: made on first start; refused if it is not the database's
+            held = pool_keys.HeldKeys(keyring.held(), str(keyring.path), hub.ca.hash,
+                                      str(settings.data_dir / agent_ca.CA_CERT), key_hash(hub.signer.public_key),
+                                      str(settings.order_key_path))
+            return pool_keys.check_or_record(session, held)
+    except KeyringError as exc:
+        return f"{exc}; this control plane will not lead"
+
+
+def _prepare(settings: Settings, db: Database, lease: SchedulerLease, refusal: Callable[[], str | None]) -> None:
+    """Start-up steps 1 and 2 (see the module docstring), then let `lease` lead only with the pool's keys
+    (`refusal`); on SQLite (one control plane per data dir: nothing else could lead) refuse to start instead
+    (KeyringError)."""
+    migrate(settings.db_url)
+    with db.session() as session:
+        token = bootstrap(session)
+    if token is not None:
+        _write_admin_token(settings, token)
+    lease.may_lead = refusal
+    why = refusal()
+    if why is not None and lease.sqlite:
+        raise KeyringError(why)
+
+
 def _take_over(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
     """This process now holds the scheduler lease (at start, or taking over from another control plane): drop
     what its cache assumed, load the open allocations another leader may have made, and give every node a
@@ -118,17 +149,13 @@ def create_app(settings: Settings) -> FastAPI:
     lease = SchedulerLease(db, settings.data_dir, holder_id(), settings.lease_s, settings.lease_renew_s,
                            settings.lease_retry_s)
     lease.on_refused, hub.lease, hub.on_lost = metrics.fenced_refused.inc, lease, metrics.node_lost
-    binder = Binder(db, cache, hub, settings.launch_ttl_s, settings.kill_grace_s, fence=lease.fence)
+    binder = Binder(db, cache, hub, settings.launch_ttl_s, settings.kill_grace_s, fence=lease.fence,
+                    disconnect_limit=settings.disconnect_limit_s)
     binder.keyring = keyring = Keyring(settings.master_key_path)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(migrate, settings.db_url)
-        with db.session() as session:
-            token = bootstrap(session)
-            keyring.start(session)  # the master key: made on first start; refused if it is not the database's
-        if token is not None:
-            _write_admin_token(settings, token)
+        await asyncio.to_thread(_prepare, settings, db, lease, partial(pool_refusal, db, keyring, hub, settings))
         loop = SchedulerLoop(db, cache, binder, lease, settings.profile, settings.placement,
                              settings.cycle_interval_s, metrics)
         lifecycle = Lifecycle(db, cache, hub, loop.wake, settings.kill_grace_s, fence=lease.fence)
@@ -246,9 +273,11 @@ def _system_routes(app: FastAPI, metrics: Metrics) -> None:
     @app.get("/readyz", include_in_schema=False)
     def readyz(request: Request) -> dict[str, object]:
         loop = getattr(request.app.state, "scheduler", None)
-        port = request.app.state.hub.agent_port
-        return {"status": "ok" if loop is not None and port else "starting", "cycles": loop.cycles if loop else 0,
-                "agent_port": port}
+        hub: AgentHub = request.app.state.hub
+        lease = hub.lease
+        return {"status": "ok" if loop is not None and hub.agent_port else "starting",
+                "cycles": loop.cycles if loop else 0, "agent_port": hub.agent_port, "leader": hub.leads(),
+                "refusal": lease.refusal if lease is not None else None}
 
     @app.get("/version", include_in_schema=False)
     def version() -> dict[str, str]:

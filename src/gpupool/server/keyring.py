@@ -30,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpupool.server import pool_keys
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Job, JobSecret, OrgKey, utcnow
 
@@ -140,6 +141,11 @@ class Keyring:
         status = self.path.stat()
         self._stamp = (status.st_ino, status.st_mtime_ns)
 
+    def held(self) -> tuple[str, ...]:
+        """The ids of the master keys on disk, the primary (`master.key` itself) first (re-read)."""
+        self.load()
+        return (self._primary, *sorted(set(self._keys) - {self._primary}))
+
     def _fresh(self) -> None:
         """Reload when master.key was replaced (a rotation), so new data keys are wrapped by the new key."""
         status = self.path.stat() if self.path.exists() else None
@@ -241,6 +247,8 @@ def rotate_master_key(db: Database, path: Path) -> Rotation:
     os.replace(following, path)  # step 3
     _sync_dir(path.parent)
     _rewrap(db, keys, new_id)
+    with db.session() as session:  # the pool's master key is the new one: standbys need the new file to lead
+        pool_keys.record_master_key(session, new_id)
     keyring = Keyring(path)
     keyring.load()
     data_keys, secrets_, undecryptable = _verify(db, keyring)

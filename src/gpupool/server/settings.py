@@ -17,10 +17,15 @@ class Settings(BaseModel):
     database_url: str = ""
     host: str = "127.0.0.1"
     port: int = Field(default=8181, ge=0, le=65535)
+    # Liveness (RELIABILITY.md §2.2, docs: "Outages"): a node silent for suspect_after_s is unreachable and takes no
+    # new work; its agent keeps running its work for max_disconnect_s without word from any control plane (jobs and
+    # queues may ask for less), then stops it (kill_grace_s); the control plane requeues that work only once it is
+    # surely stopped: lost_after_s - max_disconnect_s after the work's own max_disconnect (a margin for the last
+    # frame in flight and the agent's tick). A node silent for lost_after_s is lost.
     heartbeat_s: float = Field(default=5.0, gt=0)
     suspect_after_s: float = Field(default=15.0, gt=0)
-    lost_after_s: float = Field(default=60.0, gt=0)
-    fence_s: float = Field(default=40.0, gt=0)
+    max_disconnect_s: float = Field(default=600.0, gt=0)
+    lost_after_s: float = Field(default=630.0, gt=0)
     kill_grace_s: float = Field(default=10.0, ge=0)
     launch_ttl_s: float = Field(default=120.0, gt=0)
     cycle_interval_s: float = Field(default=0.5, gt=0)
@@ -99,13 +104,24 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _timing(self) -> Settings:
-        if self.fence_s + self.kill_grace_s >= self.lost_after_s:
-            raise ValueError("fence_s + kill_grace_s must be below lost_after_s, or a lost node's job could run twice")
+        if self.max_disconnect_s + self.kill_grace_s >= self.lost_after_s:
+            raise ValueError("max_disconnect_s + kill_grace_s must be below lost_after_s, or a lost node's job could "
+                             "run twice")
         if self.suspect_after_s >= self.lost_after_s:
             raise ValueError("suspect_after_s must be below lost_after_s")
         if not self.lease_retry_s < self.lease_renew_s < self.lease_s:
             raise ValueError("need lease_retry_s < lease_renew_s < lease_s, or two schedulers could both lead")
         return self
+
+    @property
+    def requeue_margin_s(self) -> float:
+        """How long after work's own max_disconnect it is requeued: its agent has surely stopped it by then."""
+        return self.lost_after_s - self.max_disconnect_s
+
+    def disconnect_limit_s(self, asked_s: float | None) -> float:
+        """The max_disconnect that applies to work that asked for `asked_s` (None: the pool's): never above the
+        pool's, which bounds how long a node is waited for."""
+        return self.max_disconnect_s if asked_s is None else min(float(asked_s), self.max_disconnect_s)
 
     @property
     def master_key_path(self) -> Path:

@@ -255,6 +255,16 @@ class Lease(Base):
     expires_at: Mapped[datetime] = mapped_column()
 
 
+class PoolKey(Base):
+    """The fingerprint of one key every control plane of the pool must hold (gpupool.server.pool_keys): `name` is
+    master_key, agent_ca or order_key."""
+
+    __tablename__ = "pool_keys"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(128))
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Price(Base):
     """What one GPU-hour of a model costs, in cents (the unit of every amount in the ledger)."""
 

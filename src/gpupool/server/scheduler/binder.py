@@ -65,11 +65,13 @@ class Binder:
     keyring: Keyring | None = None
 
     def __init__(self, db: Database, cache: ClusterCache, orders: OrderSink, launch_ttl_s: float,
-                 grace_s: float, fence: Callable[[Session, int], None] | None = None) -> None:
+                 grace_s: float, fence: Callable[[Session, int], None] | None = None,
+                 disconnect_limit: Callable[[float | None], float] | None = None) -> None:
         self.db, self.cache, self.orders = db, cache, orders
         self.launch_ttl_s, self.grace_s = launch_ttl_s, grace_s
         self.fence = fence
         self._user_names: dict[str, str] = {}  # user id -> name, for launch orders (names never change)
+        self.disconnect_limit = disconnect_limit  # Settings.disconnect_limit_s: each order says its max_disconnect
 
     def apply(self, decisions: Sequence[Decision], jobs: dict[str, JobSpec], epoch: int) -> int:
         """Apply decisions; returns the number of jobs started."""
@@ -198,7 +200,9 @@ class Binder:
         fields = dict(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
                       task_index=allocation.task_index, command=spec["command"], env=env,
                       workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
-                      expires_at=now + self.launch_ttl_s, user=user, node_id=allocation.node_id)
+                      expires_at=now + self.launch_ttl_s, user=user, node_id=allocation.node_id,
+                      max_disconnect_s=self.disconnect_limit(spec.get("max_disconnect_s"))
+                      if self.disconnect_limit is not None else None)
         try:
             return Launch(**fields)
         except ValidationError:  # a job stored before the launch rules (protocol.launch): its node answers "failed"

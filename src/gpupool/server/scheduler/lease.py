@@ -56,7 +56,9 @@ class Fenced(RuntimeError):
 class SchedulerLease:
     """See the module docstring. `hold()` is called by the scheduler thread only; `is_leader()`, `epoch` and
     `fence()` from any thread. `refused` counts fenced writes refused in this process; `on_refused` (if set) is
-    called once per refusal (a metric)."""
+    called once per refusal (a metric). `may_lead` (if set) is asked before every takeover attempt and returns why
+    this process must not lead (its keys are not the pool's: gpupool.server.pool_keys), or None; the answer is kept
+    in `refusal` (shown by /readyz)."""
 
     def __init__(self, db: Database, data_dir: Path, holder: str, lease_s: float = 15.0, renew_s: float = 10.0,
                  retry_s: float = 2.0) -> None:
@@ -65,6 +67,8 @@ class SchedulerLease:
         self.epoch = 0
         self.refused = 0
         self.on_refused: Callable[[], None] | None = None
+        self.may_lead: Callable[[], str | None] | None = None
+        self.refusal: str | None = None
         self._renewed_at = float("-inf")  # monotonic start of the latest successful take-over or renewal
         self._tried_at = float("-inf")  # monotonic start of the latest attempt
         self._file: IO[str] | None = None
@@ -75,13 +79,15 @@ class SchedulerLease:
         """Acquire or renew (against the database at most every `retry_s`); True while this process leads.
         Raises the database's error when it cannot be reached (leadership then lapses after `renew_s`)."""
         if self.sqlite:
-            return self._file_lock()
+            return self._file is not None or (self._allowed() and self._file_lock())
         started = time.monotonic()
         if self.is_leader() and started - self._renewed_at < self.retry_s:
             return True
         if not self.is_leader() and started - self._tried_at < self.retry_s:
             return False
         self._tried_at = started
+        if not self.is_leader() and not self._allowed():
+            return False
         try:
             taken = self._row_lease()
         except OperationalError as exc:
@@ -94,6 +100,14 @@ class SchedulerLease:
             return True
         self._renewed_at = float("-inf")
         return False
+
+    def _allowed(self) -> bool:
+        """Ask `may_lead` (before a takeover); log a new refusal once."""
+        refusal = self.may_lead() if self.may_lead is not None else None
+        if refusal and refusal != self.refusal:
+            log.error("%s", refusal)
+        self.refusal = refusal
+        return refusal is None
 
     def is_leader(self) -> bool:
         """Whether this process believes it leads: it holds the file lock (SQLite), or renewed the lease row

@@ -239,10 +239,13 @@ class Lifecycle:
             self.wake()
         return len(closed)
 
-    def node_lost(self, node_id: str, last_seen: float | None, epoch: int | None = None) -> int:
+    def node_lost(self, node_id: str, last_seen: float | None, epoch: int | None = None,
+                  only: Collection[str] | None = None) -> int:
         """In one transaction: mark the node lost, release every open allocation of it and requeue its jobs;
         returns jobs requeued. With `epoch` (and a `fence`), the transaction is fenced: `Fenced` is raised and
-        nothing changes when this process no longer leads (RELIABILITY.md I9).
+        nothing changes when this process no longer leads (RELIABILITY.md I9). With `only`, just those allocations
+        of the node are released (work whose own max_disconnect has passed on an unreachable node) and the node
+        keeps its state.
 
         Billing of a lost attempt ends at the node's last heartbeat (I8): released_at is set to `last_seen` (Unix
         seconds, the control plane's clock) or, when None, to the last heartbeat any control plane recorded for it.
@@ -253,18 +256,23 @@ class Lifecycle:
                 self.fence(session, epoch)
             node = session.get(Node, node_id)
             if node is not None:
-                node.state = "lost"
+                if only is None:
+                    node.state = "lost"
                 if last_seen is None and node.last_seen is not None:
                     last_seen = aware(node.last_seen).timestamp()
-            for allocation in session.scalars(select(Allocation).where(
-                    Allocation.node_id == node_id, Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+            chosen = select(Allocation).where(Allocation.node_id == node_id,
+                                              Allocation.state.in_(OPEN_ALLOCATION_STATES))
+            if only is not None:
+                chosen = chosen.where(Allocation.id.in_(list(only)))
+            why = "node lost" if only is None else "node unreachable past the job's max_disconnect"
+            for allocation in session.scalars(chosen):
                 released_now(allocation, "lost", None, session)
                 if last_seen is not None:
                     allocation.released_at = _at(last_seen)
                 released.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
-                    self._requeue(session, job, allocation.attempt, "node lost")
+                    self._requeue(session, job, allocation.attempt, why)
                     requeued += 1
         for allocation_id in released:  # after the commit: a refused transaction leaves the cache as it was
             self.cache.release(allocation_id)

@@ -1,0 +1,29 @@
+"""pool_keys: the fingerprints of the keys every control plane of the pool must hold
+
+Revision ID: 0007_pool_keys
+Revises: 0006
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0007_pool_keys'
+down_revision = '0006'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        'pool_keys',
+        sa.Column('name', sa.String(length=32), nullable=False),
+        sa.Column('fingerprint', sa.String(length=128), nullable=False),
+        sa.Column('recorded_at', sa.DateTime(), nullable=False),
+        sa.PrimaryKeyConstraint('name'),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table('pool_keys')
