@@ -207,6 +207,8 @@ def why_pending(job_id: str, who: Caller, db: Db) -> api.PendingReasonOut | None
     job = jobs.scoped_job(db, who, job_id)
     if job.state == "pending_approval":
         return api.PendingReasonOut(kind="approval", message="waiting for a project admin to approve it")
+    if job.state == "scheduled":
+        return jobs.why_scheduled(db, job)
     if job.state != "pending":
         return api.PendingReasonOut(kind="not_pending", message=f"the job is {job.state}")
     if not job.reason:

@@ -20,6 +20,7 @@ from gpupool.server.db.repositories import UNNUMBERED, QueueIndex, job_shape, nu
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
 from gpupool.server.services.lifecycle import Lifecycle
+from gpupool.server.services.metering import aware
 from gpupool.server.services.tenancy import member
 
 PENDING_STATES = ("pending", "pending_approval")
@@ -324,3 +325,21 @@ def _check_still_a_leaf(session: Session, job: Job) -> None:
 def org_name(session: Session, org_id: str) -> str:
     org = session.get(Org, org_id)
     return org.name if org else ""
+
+
+def why_scheduled(session: Session, job: Job) -> api.PendingReasonOut:
+    """Why a placed job has not started: the tasks its nodes' agents have not yet said they started, each with its
+    node, the node's state, and since when it waits (the allocation's creation)."""
+    rows = session.execute(select(Allocation.task_index, Allocation.created_at, Node.name, Node.state).join(
+        Node, Node.id == Allocation.node_id).where(Allocation.job_id == job.id, Allocation.attempt == job.attempt,
+                                                   Allocation.state == "starting").order_by(Allocation.task_index))
+    details = [{"task": task, "node": node, "node_state": state, "since": aware(created).isoformat()}
+               for task, created, node, state in rows]
+    if not details:
+        return api.PendingReasonOut(kind="starting", message="placed; its tasks are starting")
+    nodes = {d["node"]: d["node_state"] for d in details}
+    waiting = ", ".join(f"{node} ({state})" for node, state in sorted(nodes.items()))
+    return api.PendingReasonOut(
+        kind="waiting_for_node", details=details,
+        message=f"placed since {details[0]['since']}; waiting for {len(details)} task(s) to be started by the agent "
+                f"of {waiting}")
