@@ -1,7 +1,7 @@
 """pool_keys: the fingerprints of the keys every control plane of the pool must hold
 
-Revision ID: 0007_pool_keys
-Revises: 0006
+Revision ID: 0011
+Revises: 0010
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007_pool_keys'
-down_revision = '0006'
+revision = '0011'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 
