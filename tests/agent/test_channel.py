@@ -202,7 +202,7 @@ def test_frames_from_the_control_plane_are_applied_and_rearm_the_fence(setup):
     setup.clock.advance(1)
     handle = ch.workloads.get(("a1", 0)).handle
     assert setup.runtime.poll(handle).running
-    assert ch.fence_timer.should_fence()  # 40 s since the last valid frame
+    assert ch.workloads.time_left(ch.silence.silence_s(), 40.0) == 0  # 40 s since the last valid frame: fence it
 
 
 def test_a_stop_order_stops_the_workload_in_the_background(setup):

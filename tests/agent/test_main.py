@@ -26,6 +26,7 @@ from gpupool.agent.main import (
     read_join_token,
     run_agent,
     save_identity,
+    split_servers,
 )
 from gpupool.agent.runtime.identity import AgentUser, RootUser
 
@@ -38,26 +39,33 @@ IDENTITY = NodeIdentity(
 def test_identity_round_trips_with_private_permissions(tmp_path):
     save_identity(tmp_path, IDENTITY)
     assert (tmp_path / NODE_FILE).stat().st_mode & 0o777 == 0o600
-    assert load_identity(tmp_path, "http://cp:8080/") == IDENTITY
+    assert load_identity(tmp_path) == IDENTITY
 
 
-def test_identity_of_another_server_or_corrupt_is_ignored(tmp_path):
-    assert load_identity(tmp_path, "http://cp:8080") is None
-    save_identity(tmp_path, IDENTITY)
-    assert load_identity(tmp_path, "http://other:8080") is None
+def test_a_corrupt_identity_is_ignored(tmp_path):
+    assert load_identity(tmp_path) is None
     (tmp_path / NODE_FILE).write_text("{broken")
-    assert load_identity(tmp_path, "http://cp:8080") is None
+    assert load_identity(tmp_path) is None
+
+
+def test_server_takes_one_control_plane_or_several():
+    assert split_servers("http://a:8181") == ["http://a:8181"]
+    assert split_servers(" http://a:8181, https://b:8181 ,") == ["http://a:8181", "https://b:8181"]
+    with pytest.raises(ValueError, match="--server"):
+        split_servers(" , ")
+    with pytest.raises(ValueError, match="bad control-plane URL 'ftp://a'"):
+        split_servers("http://a:8181,ftp://a")
 
 
 def test_a_saved_identity_skips_registration(tmp_path):
     save_identity(tmp_path, IDENTITY)
-    got = asyncio.run(obtain_identity("http://cp:8080", None, tmp_path, None, asyncio.Event()))
+    got = asyncio.run(obtain_identity(["http://cp:8080"], None, tmp_path, None, asyncio.Event()))
     assert got == IDENTITY
 
 
 def test_no_identity_and_no_token_is_a_configuration_error(tmp_path, job_root):
     with pytest.raises(ValueError, match="join token"):
-        asyncio.run(obtain_identity("http://cp:8080", None, tmp_path, None, asyncio.Event()))
+        asyncio.run(obtain_identity(["http://cp:8080"], None, tmp_path, None, asyncio.Event()))
     data = tmp_path / "data"
     assert run_agent("http://127.0.0.1:9", None, data, "n1", "", work_dir=job_root / "work") == EXIT_CONFIG
     assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700

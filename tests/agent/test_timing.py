@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupool.agent.clock import ManualClock
-from gpupool.agent.timing import Backoff, FenceTimer, jittered, reconnect_cap_s
+from gpupool.agent.timing import Backoff, Silence, jittered, reconnect_cap_s
 
 
 class MaxRng(random.Random):
@@ -58,45 +58,16 @@ def test_heartbeat_jitter_is_within_twenty_percent(seed):
     assert 4.0 <= jittered(5.0, random.Random(seed)) <= 6.0
 
 
-def test_fence_fires_once_after_silence():
+def test_silence_counts_from_construction_and_from_every_frame_heard():
     clock = ManualClock(100.0)
-    fence = FenceTimer(40.0, clock)
+    silence = Silence(clock)
     clock.advance(39.9)
-    assert not fence.should_fence()
-    assert fence.remaining_s() == pytest.approx(0.1)
-    clock.advance(0.1)
-    assert fence.should_fence()
-    assert fence.fenced
-    clock.advance(100.0)
-    assert not fence.should_fence()  # once per silence
-    assert fence.remaining_s() == 0.0
+    assert silence.silence_s() == pytest.approx(39.9)
+    silence.heard()
+    assert silence.silence_s() == 0.0
+    clock.advance(2.5)
+    assert silence.silence_s() == pytest.approx(2.5)
 
-
-def test_any_word_from_the_control_plane_rearms_the_fence():
-    clock = ManualClock()
-    fence = FenceTimer(40.0, clock)
-    for _ in range(10):
-        clock.advance(30.0)
-        fence.heard()
-        assert not fence.should_fence()
-    clock.advance(40.0)
-    assert fence.should_fence()
-    fence.heard()
-    assert not fence.fenced
-    clock.advance(40.0)
-    assert fence.should_fence()
-
-
-def test_fence_counts_from_construction():
-    clock = ManualClock()
-    fence = FenceTimer(2.0, clock)
-    clock.advance(2.0)
-    assert fence.should_fence()
-
-
-def test_fence_needs_a_positive_timeout():
-    with pytest.raises(ValueError):
-        FenceTimer(0, ManualClock())
 
 
 def test_manual_clock_does_not_go_backwards():

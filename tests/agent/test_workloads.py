@@ -23,7 +23,8 @@ BOOT = "boot-1"
 ENV = {"PATH": os.environ.get("PATH", DEFAULT_PATH)}
 
 
-def launch(script: str, allocation="a1", attempt=0, epoch=3, expires_at=NOW + 120, gpus=(), image=None) -> Launch:
+def launch(script: str, allocation="a1", attempt=0, epoch=3, expires_at=NOW + 120, gpus=(), image=None,
+           max_disconnect_s=None) -> Launch:
     grants = [GpuGrant(uuid=u, index=i, milli=1000, memory_mib=0) for i, u in enumerate(gpus)]
     return Launch(
         allocation_id=allocation,
@@ -35,6 +36,7 @@ def launch(script: str, allocation="a1", attempt=0, epoch=3, expires_at=NOW + 12
         epoch=epoch,
         expires_at=expires_at,
         image=image,
+        max_disconnect_s=max_disconnect_s,
     )
 
 
@@ -165,6 +167,22 @@ def test_fenced_workloads_are_reported_fenced_even_after_an_agent_restart(node, 
     restarted.workloads.adopt(restarted.runtime.adopt())
     restarted.workloads.tick(connected=False)
     assert sorted(restarted.statuses()) == [("a1", "fenced", 143), ("a2", "fenced", 143)]
+
+
+def test_each_workload_is_fenced_at_its_own_max_disconnect_which_survives_an_agent_restart(node, tmp_path):
+    node.workloads.on_launch(launch("exec sleep 30", max_disconnect_s=5))
+    node.workloads.on_launch(launch("exec sleep 30", allocation="a2"))  # the node's default
+    assert node.workloads.time_left(3.0, 40.0) == 2.0
+    assert node.workloads.fence(4.9, 40.0) == []
+    [short] = node.workloads.fence(5.0, 40.0)
+    assert short.allocation_id == "a1" and short.max_disconnect_s == 5
+    assert node.workloads.fence(39.0, 40.0) == []  # a1 is fenced once; a2 still has a second
+    assert node.workloads.time_left(39.0, 40.0) == 1.0
+    restarted = Node(tmp_path / "workloads")
+    restarted.workloads.adopt(restarted.runtime.adopt())
+    assert [h.allocation_id for h in restarted.workloads.fence(40.0, 40.0)] == ["a2"]
+    for handle in (short, *restarted.workloads.fence(41.0, 40.0), node.workloads.get(("a2", 0)).handle):
+        node.runtime.stop(handle, 5.0)
 
 
 def test_hello_reports_running_and_unreported_exits(node, tmp_path):

@@ -16,12 +16,12 @@ header `Authorization: Bearer <credential>`; on every (re)connect it:
 5. past 2/3 of its certificate's lifetime, sends `Renew` with a CSR for a fresh key (gpupool.agent.tls.Renewal).
 
 Across connections it polls workloads and tails their logs every `tick_s`, reconnects with full-jitter exponential
-backoff (at most a heartbeat apart until the fence fires: `timing.reconnect_delay`), and SELF-FENCES: after
-`fence_s` without any frame from the control plane it stops every workload and reports them "fenced" once it is
-back (RELIABILITY.md §4.2). Every frame from the control plane also renews the
+backoff (at most a heartbeat apart while work runs: `timing.reconnect_delay`) to whichever of its control planes
+leads (`locate_leader`), and keeps its reports in its outbox meanwhile. It SELF-FENCES each workload once no control
+plane has been heard for that workload's max_disconnect (the launch order's, else the node's `fence_s`): it stops it
+and reports it "fenced" once it is back (RELIABILITY.md §4.2). Every frame from the control plane also renews the
 runtime's lease, so the runtime's watchdog fences the workloads on its own when this agent dies or hangs. Stopping
-the channel (agent shutdown) leaves the workloads running, to be adopted by the next agent process, which must reach
-the control plane within `fence_s` of the last frame this one heard.
+the channel (agent shutdown) leaves the workloads running, to be adopted by the next agent process.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from gpupool.agent.timing import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_KILL_GRACE_S,
     Backoff,
-    FenceTimer,
+    Silence,
     jittered,
     reconnect_delay,
 )
@@ -168,16 +168,33 @@ def _safe_ca_hash(ca_pem: str) -> str:
 async def locate_channel(server_url: str, transport: httpx.AsyncBaseTransport | None = None,
                          timeout_s: float = 10.0) -> str:
     """The channel's wss URL: the host of `server_url` and the agent port the control plane reports in /readyz.
-    Raises httpx.HTTPError or ValueError when it cannot say (the caller backs off and retries)."""
+    Raises httpx.HTTPError or ValueError when it cannot say, or does not lead (a standby admits no agent: the
+    caller tries its next control plane, or backs off and retries)."""
     async with httpx.AsyncClient(transport=transport, timeout=timeout_s) as client:
         response = await client.get(endpoint(server_url, "/readyz"))
     response.raise_for_status()
-    port = int(response.json().get("agent_port") or 0)
+    ready = response.json()
+    if ready.get("leader") is False:
+        raise ValueError(f"{server_url} is a standby" + (f" ({ready['refusal']})" if ready.get("refusal") else ""))
+    port = int(ready.get("agent_port") or 0)
     if not 0 < port < 65536:
         raise ValueError(f"{server_url} reports no agent port yet")
     host = urlsplit(server_url).hostname or ""
     host = f"[{host}]" if ":" in host else host
     return f"wss://{host}:{port}{CHANNEL_PATH}"
+
+
+async def locate_leader(servers: Sequence[str], transport: httpx.AsyncBaseTransport | None = None,
+                        timeout_s: float = 5.0) -> str:
+    """The channel's wss URL at the first of `servers` (a pool's control planes) that leads; ValueError naming why
+    each refused when none does (the caller backs off and retries)."""
+    why = []
+    for server in servers:
+        try:
+            return await locate_channel(server, transport, timeout_s)
+        except (httpx.HTTPError, ValueError) as exc:
+            why.append(f"{server}: {exc}")
+    raise ValueError("no control plane leads: " + "; ".join(why))
 
 
 def _safe_hash(public_key: str) -> str:
@@ -322,7 +339,7 @@ class Channel:
             failpoints=Failpoints.from_env(),
         )
         self.workloads.adopt(adopted)
-        self.fence_timer = FenceTimer(config.fence_s, self._clock)
+        self.silence = Silence(self._clock)
         self.backoff = Backoff(self._rng, base_s=config.backoff_base_s, cap_s=config.backoff_cap_s)
         self._idle = IdleDetector(self._clock, threshold_pct=config.idle_threshold_pct, window_s=config.idle_window_s)
         self._stops: set[asyncio.Task[None]] = set()
@@ -336,7 +353,8 @@ class Channel:
             while not stop.is_set():
                 await self._connect_once(stop)
                 if not stop.is_set():
-                    delay = reconnect_delay(self.backoff, self.fence_timer, self._config.heartbeat_s, self._rng)
+                    left = self.workloads.time_left(self.silence.silence_s(), self._config.fence_s)
+                    delay = reconnect_delay(self.backoff, left, self._config.heartbeat_s, self._rng)
                     log.info("reconnecting to %s in %.2f s", self._config.server_url, delay)
                     await _wait(stop, delay)
         finally:
@@ -356,7 +374,7 @@ class Channel:
             log.warning("ignoring a malformed frame from the control plane: type %s, %d bytes", _frame_type(raw),
                         len(raw))
             return
-        self.fence_timer.heard()
+        self.silence.heard()
         self._renew_lease()
         self.backoff.reset()
         if isinstance(frame, Ack):
@@ -377,15 +395,14 @@ class Channel:
                 self._stop_in_background(handle, frame.grace_s)
 
     def check_fence(self) -> bool:
-        """Fence now if the control plane has been silent for `fence_s`: stop every workload. True if it fenced."""
-        if not self.fence_timer.should_fence():
+        """Fence every workload whose max_disconnect (the node's `fence_s` for one without its own) the control
+        plane's silence has reached: stop it. True if it fenced any."""
+        silence = self.silence.silence_s()
+        handles = self.workloads.fence(silence, self._config.fence_s)
+        if not handles:
             return False
-        handles = self.workloads.fence()
-        log.error(
-            "self-fencing: no word from the control plane for %.1f s; stopping %d workload(s)",
-            self.fence_timer.silence_s(),
-            len(handles),
-        )
+        log.error("self-fencing: no word from any control plane for %.1f s; stopping %d workload(s) past their "
+                  "max_disconnect", silence, len(handles))
         for handle in handles:
             self._stop_in_background(handle, self._config.kill_grace_s)
         return True

@@ -45,6 +45,7 @@ import signal
 import socket
 import stat
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -55,7 +56,8 @@ from gpupool.agent.channel import (
     ChannelConfig,
     CredentialRejected,
     RegistrationError,
-    locate_channel,
+    endpoint,
+    locate_leader,
     register,
     websocket_connector,
 )
@@ -167,20 +169,28 @@ class NodeIdentity:
         return ChannelTls(self.tls_key, self.certificate, self.ca_certificate)
 
 
-def load_identity(data_dir: Path, server: str) -> NodeIdentity | None:
-    """The saved identity for `server`, or None when absent, unreadable, or saved for another server."""
+def load_identity(data_dir: Path) -> NodeIdentity | None:
+    """The saved identity, or None when absent or unreadable. It belongs to the pool whose agent CA it pins, not to
+    one control plane's URL: the agent takes it to whichever of the pool's control planes leads."""
     path = data_dir / NODE_FILE
     if not path.exists():
         return None
     try:
-        identity = NodeIdentity(**json.loads(path.read_text()))
+        return NodeIdentity(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError) as exc:
         log.warning("ignoring unreadable %s: %s", path, exc)
         return None
-    if identity.server.rstrip("/") != server.rstrip("/"):
-        log.warning("%s belongs to %s, not %s: registering again", path, identity.server, server)
-        return None
-    return identity
+
+
+def split_servers(server: str) -> list[str]:
+    """The control planes of `--server` ("URL[,URL...]": a pool's control planes, tried in turn); ValueError naming
+    the option for an empty list or a URL that is not http(s)."""
+    servers = [part.strip() for part in server.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("--server: give the control plane's URL (several, comma-separated, for a pool with standbys)")
+    for url in servers:
+        endpoint(url, "/")  # ValueError for a malformed one
+    return servers
 
 
 def save_identity(data_dir: Path, identity: NodeIdentity) -> None:
@@ -252,7 +262,7 @@ def build_registration(join_token: str, name: str, boot_id: str, discovery: Devi
 
 
 async def obtain_identity(
-    server: str,
+    servers: Sequence[str],
     join_token: str | None,
     data_dir: Path,
     registration: Registration | None,
@@ -260,27 +270,31 @@ async def obtain_identity(
     key_pin: str | None = None,
     ca_pin: str | None = None,
 ) -> NodeIdentity | None:
-    """The saved identity, else register (retrying network errors and 5xx with backoff until `stop`) and save it.
-    Registering makes the node's key here and sends only a CSR for it.
+    """The saved identity, else register with the first of `servers` that accepts (trying the next on network errors,
+    5xx such as a standby's 503, and 429, with backoff after each round, until `stop`) and save it. Registering makes
+    the node's key here and sends only a CSR for it.
 
     Raises RegistrationError for a refused registration or a control-plane key or CA that does not match `key_pin`
     or `ca_pin`, ValueError when there is nothing to register with. Returns None when `stop` was set first.
     """
-    saved = load_identity(data_dir, server)
+    saved = load_identity(data_dir)
     if saved is not None:
         return saved
     if registration is None or not join_token:
-        raise ValueError(f"this node is not registered with {server}: give a join token")
+        raise ValueError(f"this node is not registered with {', '.join(servers)}: give a join token")
     backoff = Backoff(random.Random())
     key = new_key()
     registration = registration.model_copy(update={"csr": csr_for(key, registration.name)})
+    turn = 0
     while not stop.is_set():
+        server = servers[turn % len(servers)]
+        turn += 1
         try:
             reply = await asyncio.to_thread(register, server, registration, key_pin=key_pin, ca_pin=ca_pin)
         except RegistrationError as exc:
             if not exc.retryable:
                 raise
-            delay = backoff.next_delay()
+            delay = backoff.next_delay() if turn % len(servers) == 0 else 0.0
             log.warning("%s; retrying in %.1f s", exc, delay)
             await _sleep_unless(stop, delay)
             continue
@@ -312,17 +326,19 @@ def run_agent(
     `fake_gpus` is a FakeDiscovery spec ("" for a GPU-less node); None means real GPUs through NVML.
     `heartbeat_s` overrides the control plane's heartbeat interval. `cp_key_hash` ("sha256:<hex>") pins the
     control plane's order key at registration, `ca_hash` ("sha256:<hex>") its agent CA. `run_jobs_as`,
-    `job_uid_range` and `work_dir` are the job flags (`job_setup`).
+    `job_uid_range` and `work_dir` are the job flags (`job_setup`). `server` is one control plane's URL, or several,
+    comma-separated: a pool's control planes, whichever leads is used (`split_servers`).
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory = private_dir(Path(data_dir))
     node_name = name or default_node_name()
     try:
+        servers = split_servers(server)
         jobs = job_setup(run_jobs_as, job_uid_range, work_dir, directory)
         announce(jobs)
         with open_discovery(fake_gpus, node=node_name) as discovery:
-            return asyncio.run(_agent(server, join_token, directory, node_name, discovery, heartbeat_s, cp_key_hash,
+            return asyncio.run(_agent(servers, join_token, directory, node_name, discovery, heartbeat_s, cp_key_hash,
                                       ca_hash, jobs=jobs))
     except (RegistrationError, ValueError) as exc:
         log.error("%s", exc)
@@ -330,7 +346,7 @@ def run_agent(
 
 
 async def _agent(
-    server: str,
+    servers: list[str],
     join_token: str | None,
     data_dir: Path,
     name: str,
@@ -344,7 +360,7 @@ async def _agent(
     stop = _stop_on_signals()
     boot_id = new_boot_id()
     registration = build_registration(join_token, name, boot_id, discovery, jobs) if join_token else None
-    identity = await obtain_identity(server, join_token, data_dir, registration, stop, cp_key_hash, ca_hash)
+    identity = await obtain_identity(servers, join_token, data_dir, registration, stop, cp_key_hash, ca_hash)
     if identity is None:
         return EXIT_OK
     if not identity.order_key:
@@ -364,7 +380,7 @@ async def _agent(
     adopted = runtime.adopt()
     log.info("boot %s: adopted %d workload(s) from %s", boot_id, len(adopted), runtime.directory)
     config = ChannelConfig(
-        server_url=server,
+        server_url=",".join(servers),
         credential=identity.credential,
         boot_id=boot_id,
         heartbeat_s=heartbeat_s or identity.heartbeat_s,
@@ -385,7 +401,7 @@ async def _agent(
                           on_renewed=partial(_save_renewed, data_dir, identity), scratch=data_dir)
         channel = Channel(config, runtime, discovery, adopted=adopted, wall_clock=WallClock(skew_s),
                           connect=websocket_connector(ping_s=min(20.0, config.fence_s / 4), tls=renewal.context),
-                          locate=partial(locate_channel, server), renewal=renewal)
+                          locate=partial(locate_leader, servers), renewal=renewal)
         await channel.run(stop)
     except CredentialRejected as exc:
         log.error("%s; if an operator reset this node (gpupool node reset), remove %s and register again with a new "

@@ -57,17 +57,17 @@ def reconnect_cap_s(fence_s: float, base_s: float = 0.5, cap_s: float = 30.0) ->
     return max(base_s, min(cap_s, 0.75 * fence_s))
 
 
-def reconnect_delay(backoff: Backoff, fence: FenceTimer, heartbeat_s: float, rng: random.Random) -> float:
-    """The wait before the next connection attempt: the backoff's next delay, but while the fence has not fired at
-    most one jittered heartbeat, and at most half the time left before it fires (not below a tenth of a heartbeat).
-    Until the fence fires workloads run, and a partition shorter than F must end in a reconnect before it does: a
-    0.5 G partition (RELIABILITY.md T2.a) leaves at most a quarter of F, less the heartbeat's phase, which a backoff
-    delay of up to 3/4 F overshot in 8 runs of 20 (scaled timings). Once the fence has fired nothing runs any more,
-    and the backoff spares the control plane (many agents reconnecting after it restarted)."""
+def reconnect_delay(backoff: Backoff, time_left_s: float | None, heartbeat_s: float, rng: random.Random) -> float:
+    """The wait before the next connection attempt: the backoff's next delay, but while some workload still runs
+    (`time_left_s`: seconds until the next one is fenced; None when none runs) at most one jittered heartbeat, and at
+    most half the time left (not below a tenth of a heartbeat). Until a workload's max_disconnect passes it runs, and
+    a partition shorter than that must end in a reconnect before it does: a 0.5 G partition (RELIABILITY.md T2.a)
+    leaves little time, which a backoff delay of up to 3/4 F overshot in 8 runs of 20 (scaled timings). With nothing
+    running, the backoff spares the control plane (many agents reconnecting after it restarted)."""
     delay = backoff.next_delay()
-    if fence.fenced:
+    if time_left_s is None:
         return delay
-    return min(delay, jittered(heartbeat_s, rng), max(fence.remaining_s() / 2, heartbeat_s / 10))
+    return min(delay, jittered(heartbeat_s, rng), max(time_left_s / 2, heartbeat_s / 10))
 
 
 def jittered(interval_s: float, rng: random.Random, jitter: float = HEARTBEAT_JITTER) -> float:
@@ -75,42 +75,18 @@ def jittered(interval_s: float, rng: random.Random, jitter: float = HEARTBEAT_JI
     return interval_s * rng.uniform(1.0 - jitter, 1.0 + jitter)
 
 
-class FenceTimer:
-    """Self-fencing: fires once when nothing was heard from the control plane for `fence_s` seconds.
+class Silence:
+    """How long the control plane has been silent: `heard()` records any server frame; the count starts at
+    construction, so an agent that never reaches a control plane counts its silence too. Each workload is fenced when
+    this reaches its max_disconnect (Workloads.fence)."""
 
-    Contract: `heard()` records any server frame; `should_fence()` is True exactly once per silence of at least
-    `fence_s` (so the workloads are stopped once), and becomes possible again only after the next `heard()`.
-    The timer starts at construction, so an agent that never reaches the control plane fences too.
-    """
-
-    def __init__(self, fence_s: float, clock: Clock) -> None:
-        if fence_s <= 0:
-            raise ValueError("fence_s must be positive")
-        self._fence_s = fence_s
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._last_heard = clock.now()
-        self._fired = False
-
-    @property
-    def fenced(self) -> bool:
-        """True from the moment the timer fired until the next `heard()`."""
-        return self._fired
 
     def heard(self) -> None:
-        """A server frame arrived: restart the silence count and re-arm."""
+        """A server frame arrived: the silence starts again from zero."""
         self._last_heard = self._clock.now()
-        self._fired = False
 
     def silence_s(self) -> float:
         return self._clock.now() - self._last_heard
-
-    def remaining_s(self) -> float:
-        """Seconds until the timer fires (0 when due or already fired)."""
-        return 0.0 if self._fired else max(0.0, self._fence_s - self.silence_s())
-
-    def should_fence(self) -> bool:
-        """True once when the silence reaches `fence_s`; the caller must then stop every workload."""
-        if self._fired or self.silence_s() < self._fence_s:
-            return False
-        self._fired = True
-        return True

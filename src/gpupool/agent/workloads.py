@@ -207,15 +207,21 @@ class Workloads:
         workload.stopping = True
         return workload.handle
 
-    def fence(self) -> list[RunHandle]:
-        """Mark every live workload fenced (persistently) and return their handles, to be stopped at once."""
+    def fence(self, silence_s: float = float("inf"), default_s: float = 0.0) -> list[RunHandle]:
+        """Mark fenced (persistently) every live workload whose max_disconnect (`default_s` for one without its own)
+        the control plane's silence of `silence_s` has reached, and return their handles, to be stopped at once."""
         handles = []
         for workload in self._items.values():
-            if workload.final is None:
+            if workload.final is None and not workload.fenced and silence_s >= _limit(workload, default_s):
                 workload.handle = self._runtime.set_note(workload.handle, FENCED_NOTE)
                 workload.stopping = True
                 handles.append(workload.handle)
         return handles
+
+    def time_left(self, silence_s: float, default_s: float) -> float | None:
+        """Seconds until the next live workload is fenced after a silence of `silence_s` (None: none is left)."""
+        left = [_limit(w, default_s) - silence_s for w in self._items.values() if w.final is None and not w.fenced]
+        return max(0.0, min(left)) if left else None
 
     def tick(self, *, connected: bool) -> None:
         """Tail logs (when connected), report exits, and drop fully reported workloads."""
@@ -347,6 +353,12 @@ class Workloads:
 
     def _put(self, frame: TaskStatus | LogChunk) -> None:
         self._outbox.put(frame, reliable=True)
+
+
+def _limit(workload: Workload, default_s: float) -> float:
+    """The silence after which `workload` is fenced: its own max_disconnect, else the node's default."""
+    own = workload.handle.max_disconnect_s
+    return default_s if own is None else own
 
 
 def _remember(memory: OrderedDict[WorkloadKey, TaskStatus], key: WorkloadKey, status: TaskStatus) -> None:

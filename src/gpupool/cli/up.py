@@ -32,7 +32,8 @@ def server(data_dir: Path = typer.Option(Path("gpupool-data"), help="where the d
     os.execv(sys.executable, args)
 
 
-def agent(server_url: str = typer.Option(..., "--server", help="control plane URL"),
+def agent(server_url: str = typer.Option(..., "--server", help="control plane URL; several, comma-separated, for a "
+                                                           "pool with standbys (whichever leads is used)"),
           join_token: str | None = typer.Option(None, envvar="GPUPOOL_JOIN_TOKEN",
                                                 help="single-use join token (first start only); given here it shows "
                                                      "in `ps`: prefer the variable or --join-token-file"),

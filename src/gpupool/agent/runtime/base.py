@@ -28,7 +28,8 @@ class LaunchSpec:
 
     `gpus` lists the granted devices in the order the workload will see them (CUDA ordinal 0 is `gpus[0]`);
     a grant's `uuid` is a MIG instance UUID when the grant is a MIG slice. `user` is the submitting user's name (the
-    local account of a node that runs jobs as local users).
+    local account of a node that runs jobs as local users). `max_disconnect_s` is how long the workload keeps running
+    while the agent hears from no control plane (None: the node's default, the runtime's `fence_s`).
     """
 
     allocation_id: str
@@ -41,6 +42,7 @@ class LaunchSpec:
     gpus: tuple[GpuGrant, ...] = ()
     task_index: int = 0
     user: str = ""
+    max_disconnect_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -63,6 +65,7 @@ class LaunchSpec:
             gpus=tuple(order.gpus),
             task_index=order.task_index,
             user=order.user,
+            max_disconnect_s=order.max_disconnect_s,
         )
 
     @property
@@ -79,7 +82,8 @@ class RunHandle:
     a reused pid. `started_at` is wall-clock seconds. `note` is a short free-form marker the agent attaches
     (e.g. "fenced") that survives a restart. `uid` is the user the workload runs as (None: the agent's own);
     `uid_claim` the claim file of a transient uid (gpupool.agent.runtime.uids; empty for any other identity): every
-    process of that uid belongs to the workload. `work_dir` is the workload's own work folder.
+    process of that uid belongs to the workload. `work_dir` is the workload's own work folder. `max_disconnect_s` is
+    the workload's own limit on the control plane's silence (None: the node's default).
     """
 
     allocation_id: str
@@ -96,6 +100,7 @@ class RunHandle:
     uid: int | None = None
     uid_claim: str = ""
     work_dir: Path | None = None
+    max_disconnect_s: float | None = None
 
     @property
     def key(self) -> WorkloadKey:

@@ -19,6 +19,7 @@ Since SIGKILL of `podman run` does not stop the container, `stop` and `forget` a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -102,9 +103,7 @@ class ContainerRuntime(ProcessRuntime):
             raise LaunchError(str(exc)) from None
         # podman itself runs on the host as the agent (rootful podman; the container's user is `user`), in the work
         # folder: the workdir applies inside the container only.
-        host_spec = LaunchSpec(
-            spec.allocation_id, spec.attempt, spec.job_id, tuple(argv), spec.env, None, None, gpus, spec.task_index
-        )
+        host_spec = dataclasses.replace(spec, command=tuple(argv), workdir=None, image=None, gpus=tuple(gpus))
         return self._start(host_spec, argv, gpus, AgentUser(), no_new_privs=False)  # podman sets it in the container
 
     def stop(self, handle: RunHandle, grace_s: float) -> RunState:

@@ -295,7 +295,8 @@ class ProcessRuntime(WorkloadRuntime):
             user = identity.user_for(spec, state_dir)
             make_work_dir(work_dir, user)
             env = workload_env(spec, gpus, self._base_env, user.env(work_dir))
-            child = self._spawn(argv, env, spec.workdir or str(work_dir), state_dir, user, no_new_privs)
+            child = self._spawn(argv, env, spec.workdir or str(work_dir), state_dir, user, no_new_privs,
+                                spec.max_disconnect_s)
         except LaunchError:
             discard(state_dir, work_dir, user)
             raise
@@ -318,6 +319,7 @@ class ProcessRuntime(WorkloadRuntime):
             uid=user.uid,
             uid_claim=user.claim,
             work_dir=work_dir,
+            max_disconnect_s=spec.max_disconnect_s,
         )
         with self._lock:
             self._children[spec.key] = child
@@ -325,10 +327,12 @@ class ProcessRuntime(WorkloadRuntime):
         return handle
 
     def _spawn(
-        self, argv: list[str], env: Mapping[str, str], workdir: str, state_dir: Path, user: JobUser, no_new_privs: bool
+        self, argv: list[str], env: Mapping[str, str], workdir: str, state_dir: Path, user: JobUser, no_new_privs: bool,
+        max_disconnect_s: float | None = None,
     ) -> subprocess.Popen[bytes]:
         """The wrapper (as the agent's user, in "/", with an empty environment: nothing of the job's, LD_PRELOAD say,
-        may reach it) that runs `argv` as `user` in `workdir` with `env`, handed over in memory; see _wrapper.py."""
+        may reach it) that runs `argv` as `user` in `workdir` with `env`, handed over in memory; see _wrapper.py. Its
+        watchdog fences after `max_disconnect_s` of the control plane's silence (None: the runtime's `fence_s`)."""
         handed = os.memfd_create("gpupool-job-env")
         rest = memoryview(json.dumps(dict(env)).encode())
         while rest:
@@ -336,7 +340,8 @@ class ProcessRuntime(WorkloadRuntime):
         os.lseek(handed, 0, os.SEEK_SET)
         options = ["--workdir", workdir, "--env-fd", str(handed)] + (["--no-new-privs"] if no_new_privs else [])
         if self._fence is not None:
-            options += ["--lease", str(self._fence[0]), f"{self._fence[1]:g}", f"{self._fence[2]:g}"]
+            fence_s = self._fence[1] if max_disconnect_s is None else max_disconnect_s
+            options += ["--lease", str(self._fence[0]), f"{fence_s:g}", f"{self._fence[2]:g}"]
         if user.uid is not None:
             options += ["--user", str(user.uid), str(user.gid), ",".join(str(g) for g in user.groups)]
         if user.claim:
