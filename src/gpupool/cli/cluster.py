@@ -283,6 +283,17 @@ def node_reset(name: str) -> None:
         fail(exc)
 
 
+@node_app.command("down")
+def node_down(name: str) -> None:
+    """Say a node is dead (operators): its work is requeued now rather than after its max_disconnect. Only for a
+    machine you know is off: work still running there would run twice. Refused while its agent is connected."""
+    try:
+        Client().post(f"/nodes/{name}/down")
+        console.print(f"node {name} marked down: its work is requeued; it takes work again when its agent returns")
+    except ApiError as exc:
+        fail(exc)
+
+
 def top(as_json: bool = typer.Option(False, "--json")) -> None:
     """Who uses what, where: every GPU grant with its project, user, node and job."""
     try:

@@ -684,9 +684,25 @@ class AgentHub:
         log.warning("node %s lost after %.1f s of silence; %d job(s) requeued", node_id, quiet, requeued)
         if self.on_lost is not None:
             self.on_lost(requeued)
-        del self.last_seen[node_id]
+        self.last_seen.pop(node_id, None)
         self._drop_launches(node_id)
         self._set_state(node_id, "lost")
+
+    def mark_down(self, node_id: str) -> None:
+        """An operator says the node is dead: declare it lost now (its work requeued, billing ended at its last
+        heartbeat), fenced by this leader's epoch. HTTP 409 while its agent is connected or heard within
+        `suspect_after_s`, 503 on a standby."""
+        self.require_leader()
+        quiet = self._silence(time.monotonic()).get(node_id)
+        if self.sessions.get(node_id) or (quiet is not None and quiet <= self.settings.suspect_after_s):
+            raise HTTPException(409, "node: its agent is connected; a node that runs is not down (cordon it to "
+                                     "take no new work, or reset it)")
+        epoch = self.lease.epoch if self.lease is not None else None
+        try:
+            self._lost(node_id, quiet or 0.0, epoch)
+        except Fenced:
+            raise HTTPException(503, "this control plane was deposed meanwhile; ask the leader",
+                                headers={"Retry-After": "1"}) from None
 
     def _requeue_overdue(self, node_id: str, quiet: float, epoch: int | None) -> None:
         """Requeue the work of an unreachable node whose own (shorter than the pool's) max_disconnect has surely

@@ -258,9 +258,22 @@ def reset_node(name: str, who: Caller, request: Request) -> list[api.NodeOut]:
     answer must see them), not the request's."""
     state = request.app.state
     with state.db.session() as session:
-        node_id = cluster.node_to_reset(session, who, name)
+        node_id = cluster.operator_node_id(session, who, name)
     state.hub.reset_node(node_id)
     state.principals.clear()  # this process forgets the node's credential at once; others within PRINCIPAL_TTL_S
+    state.scheduler.wake()
+    with state.db.session() as session:
+        return cluster.list_nodes(session, who, state.hub.telemetry)
+
+
+@router.post("/nodes/{name}/down", response_model=list[api.NodeOut], tags=["nodes"])
+def mark_node_down(name: str, who: Caller, request: Request) -> list[api.NodeOut]:
+    """Operators: the node is known dead (powered off, reinstalled): requeue its work now instead of after its
+    max_disconnect. Refused (409) while its agent is heard: work still running there would run twice."""
+    state = request.app.state
+    with state.db.session() as session:
+        node_id = cluster.operator_node_id(session, who, name)
+    state.hub.mark_down(node_id)
     state.scheduler.wake()
     with state.db.session() as session:
         return cluster.list_nodes(session, who, state.hub.telemetry)

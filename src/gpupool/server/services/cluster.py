@@ -152,8 +152,8 @@ def set_cordon(session: Session, principal: Principal, name: str, cordoned: bool
     return node
 
 
-def node_to_reset(session: Session, principal: Principal, name: str) -> str:
-    """The id of the node `name` an operator resets (AgentHub.reset_node does it); 404 for an unknown name."""
+def operator_node_id(session: Session, principal: Principal, name: str) -> str:
+    """The id of the node `name` an operator resets or marks down (AgentHub does it); 404 for an unknown name."""
     require(principal, "operator")
     node_id = session.scalar(select(Node.id).where(Node.name == name))
     if node_id is None:
