@@ -47,14 +47,14 @@ def _secrets(values: list[str]) -> dict[str, str]:
     return out
 
 
-def _seconds(text: str | None) -> int | None:
+def _seconds(text: str | None, option: str = "--limit") -> int | None:
     if text is None:
         return None
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
         return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
     except (ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r} is not a duration like 90, 30m, 2h", param_hint="--limit") from None
+        raise typer.BadParameter(f"{text!r} is not a duration like 90, 30m, 2h", param_hint=option) from None
 
 
 def submit(
@@ -71,6 +71,8 @@ def submit(
     env: list[str] = typer.Option([], help="KEY=VALUE (repeatable)"), workdir: str | None = typer.Option(None),
     priority: int = typer.Option(0), preemptible: bool = typer.Option(True),
     limit: str | None = typer.Option(None, help="runtime limit: 90, 30m, 2h, 1d"),
+    max_disconnect: str | None = typer.Option(None, help="how long the tasks keep running on a node cut off from "
+                                              "every control plane (90, 5m; default: the queue's, else the pool's)"),
     tag: list[str] = typer.Option([], help="KEY=VALUE (repeatable), e.g. cost-centre=cc42; KEY as a Kubernetes "
                                   "label key (letters, digits, . _ / -), VALUE up to 256 characters"),
     secret_env: list[str] = typer.Option([], help="NAME=VALUE, or NAME to take the value from this shell's "
@@ -84,6 +86,7 @@ def submit(
             "min_tasks": min_tasks, "gpu_models": gpu_model, "gpu_memory_mib": gpu_memory_mib, "project": project,
             "queue": queue, "name": name, "image": image, "env": _pairs(env, "--env"), "workdir": workdir,
             "priority": priority, "preemptible": preemptible, "runtime_limit_s": _seconds(limit),
+            "max_disconnect_s": _seconds(max_disconnect, "--max-disconnect"),
             "tags": _pairs(tag, "--tag"), "secret_env": _secrets(secret_env)}
     client = Client()
     try:
@@ -221,9 +224,13 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
 @queue_app.command("create")
 def queue_create(name: str, parent: str | None = typer.Option(None), guaranteed_gpus: str | None = None,
                  limit_gpus: str | None = None, weight: int = typer.Option(1, min=0),
-                 approval_above_gpus: str | None = None, as_json: bool = typer.Option(False, "--json")) -> None:
+                 approval_above_gpus: str | None = None,
+                 max_disconnect: int | None = typer.Option(None, min=1, help=(
+                     "seconds its jobs keep running on a node cut off from every control plane (default: the "
+                     "pool's max_disconnect_s; shorter moves them sooner off a node that died)")),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
     body: dict[str, object] = {"name": name, "parent": parent, "over_quota_weight": weight,
-                               "approval_above_gpus": approval_above_gpus,
+                               "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect,
                                "guaranteed": {"gpus": guaranteed_gpus} if guaranteed_gpus else {}}
     if limit_gpus:
         body["limit"] = {"gpus": limit_gpus}

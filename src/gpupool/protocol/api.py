@@ -200,6 +200,9 @@ class QueueCreate(_Request):
     preempt_min_runtime_s: float = Field(default=0, ge=0)
     reclaim_min_runtime_s: float = Field(default=0, ge=0)
     idle_reclaim_s: float | None = Field(default=None, gt=0)
+    max_disconnect_s: int | None = Field(default=None, ge=1, le=7 * 86400, description=(
+        "its jobs' max_disconnect unless a job names its own (never above the pool's): how long their tasks keep "
+        "running on a node that hears from no control plane"))
 
     @field_validator("approval_above_gpus")
     @classmethod
@@ -217,6 +220,7 @@ class QueueOut(_Response):
     limit: dict[str, Any] | None
     over_quota_weight: int
     priority: int
+    max_disconnect_s: int | None = None
     used_gpus: float = 0
     fair_share_gpus: float = 0
     pending_jobs: int = 0

@@ -123,6 +123,7 @@ class QueueRow(Base):
     preempt_min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
     reclaim_min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
     idle_reclaim_s: Mapped[float | None] = mapped_column(Float)
+    max_disconnect_s: Mapped[int | None] = mapped_column()  # its jobs' unless they name their own
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

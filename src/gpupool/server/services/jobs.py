@@ -35,9 +35,9 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
     Secret variables are sealed with the organisation's data key by `keyring`; the job's spec keeps their names.
     The job is numbered just before the transaction commits (repositories.number_at_commit)."""
     require(principal, "member")
-    spec = _spec(body)
     project, queue = body.project or next(iter(principal.projects), ""), body.queue or "default"
     found = _admission(session, principal, project, queue, idempotency_key)
+    spec = _spec(body, found.queue_max_disconnect_s)
     if found.replay_id is not None:
         return _replayed(session, session.get_one(Job, found.replay_id), spec)
     if body.min_tasks is not None and body.min_tasks > body.tasks:
@@ -61,7 +61,7 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
     except IntegrityError:
         if idempotency_key is None:
             raise
-        return _lost_race(session, principal, body, found.project_id, idempotency_key)
+        return _lost_race(session, principal, spec, found.project_id, idempotency_key)
     if body.secret_env:
         if keyring is None:
             raise RuntimeError("a job with secret_env needs the keyring")
@@ -85,6 +85,7 @@ class _Admission:
     project_id: str | None
     queue_id: str | None
     approval_above_milli: int | None
+    queue_max_disconnect_s: int | None
     child_queue_id: str | None
     pending: int
 
@@ -116,6 +117,7 @@ ADMISSION = select(
     _first(Job.id, Job.project_id == _project_id, Job.user_id == bindparam("user"),
            Job.idempotency_key == bindparam("key")),
     _project_id, _queue_first(QueueRow.id), _queue_first(QueueRow.approval_above_milli),
+    _queue_first(QueueRow.max_disconnect_s),
     _first(QueueRow.id, QueueRow.parent == _queue_name,
            or_(QueueRow.org_id == _org, QueueRow.org_id.is_(None), ~_own_queue)),
     _pending.scalar_subquery())
@@ -138,7 +140,7 @@ def _check_queue(named: str | None, found: _Admission) -> None:
         raise HTTPException(422, f"queue: {name!r} has child queues; submit to one of them")
 
 
-def _replay(session: Session, principal: Principal, body: api.JobCreate, project_id: str | None,
+def _replay(session: Session, principal: Principal, spec: dict[str, object], project_id: str | None,
             key: str | None) -> api.JobOut | None:
     """The job this Idempotency-Key already made in `project_id` for the caller (422 if it was made with another
     spec), or None."""
@@ -146,7 +148,7 @@ def _replay(session: Session, principal: Principal, body: api.JobCreate, project
         return None
     existing = session.scalar(select(Job).where(Job.project_id == project_id, Job.user_id == principal.user_id,
                                                 Job.idempotency_key == key))
-    return None if existing is None else _replayed(session, existing, _spec(body))
+    return None if existing is None else _replayed(session, existing, spec)
 
 
 def _replayed(session: Session, existing: Job, spec: dict[str, object]) -> api.JobOut:
@@ -155,21 +157,26 @@ def _replayed(session: Session, existing: Job, spec: dict[str, object]) -> api.J
     return job_out(session, existing)
 
 
-def _lost_race(session: Session, principal: Principal, body: api.JobCreate, project_id: str | None,
+def _lost_race(session: Session, principal: Principal, spec: dict[str, object], project_id: str | None,
                key: str) -> api.JobOut:
     """A concurrent submission with the same key inserted first (the unique key refused ours): roll ours back and
     answer with its job, read in a new transaction, as a replay would; 409 with Retry-After if it is not visible."""
     session.rollback()
     with Session(session.get_bind()) as fresh:
-        replay = _replay(fresh, principal, body, project_id, key)
+        replay = _replay(fresh, principal, spec, project_id, key)
     if replay is None:
         raise HTTPException(409, "Idempotency-Key: the same submission is in progress; retry",
                             headers={"Retry-After": "1"})
     return replay
 
 
-def _spec(body: api.JobCreate) -> dict[str, object]:
+def _spec(body: api.JobCreate, queue_max_disconnect_s: int | None = None) -> dict[str, object]:
+    """The job's spec as stored: the body less what has columns of its own; secret variables by name only; the
+    queue's max_disconnect when the job names none (resolved at submission: a later change of the queue's leaves
+    submitted jobs as they were)."""
     spec = body.model_dump(exclude={"name", "project", "queue", "priority", "preemptible", "tags", "secret_env"})
+    if spec.get("max_disconnect_s") is None:
+        spec["max_disconnect_s"] = queue_max_disconnect_s
     if body.secret_env:
         spec["secret_env"] = sorted(body.secret_env)  # names only; the values are sealed in job_secrets
     return spec

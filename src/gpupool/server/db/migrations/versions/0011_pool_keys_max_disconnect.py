@@ -1,4 +1,4 @@
-"""pool_keys: the fingerprints of the keys every control plane of the pool must hold
+"""pool_keys: the fingerprints of the keys every control plane of the pool must hold; queues.max_disconnect_s
 
 Revision ID: 0011
 Revises: 0010
@@ -23,7 +23,11 @@ def upgrade() -> None:
         sa.Column('recorded_at', sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint('name'),
     )
+    with op.batch_alter_table('queues', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('max_disconnect_s', sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('queues', schema=None) as batch_op:
+        batch_op.drop_column('max_disconnect_s')
     op.drop_table('pool_keys')
