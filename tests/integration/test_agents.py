@@ -105,7 +105,7 @@ def test_kill_9_of_an_agent_requeues_its_job_elsewhere_without_overlap(cluster: 
 def test_graceful_agent_restart_re_adopts_the_running_workload(make_cluster):
     # F 8 s / G 12 s here: the new agent (a new Python process) must reach the control plane within F of the last
     # frame the old one heard, or the workload's watchdog fences it; 2 s is too tight on a busy 2-core machine.
-    cluster: Cluster = make_cluster(GPUPOOL_FENCE_S="8", GPUPOOL_LOST_AFTER_S="12")
+    cluster: Cluster = make_cluster(GPUPOOL_MAX_DISCONNECT_S="8", GPUPOOL_LOST_AFTER_S="12")
     agent = cluster.start_agent("a")
     cluster.wait_ready(["a"])
     markers = cluster.drop_box("markers")

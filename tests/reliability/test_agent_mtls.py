@@ -37,7 +37,7 @@ from gpupool.protocol.tls import ca_hash
 from gpupool.server.agent_ca import AgentCA
 
 ENV = {"GPUPOOL_HEARTBEAT_S": "0.5", "GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600",
-       "GPUPOOL_FENCE_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.1"}
+       "GPUPOOL_MAX_DISCONNECT_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.1"}
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ from gpupool.server.db.models import Allocation, Job, LedgerEntry
 H = 0.5
 # The hand node never goes suspect or lost here; usage is metered every half second in one-second periods.
 ENV = {"GPUPOOL_HEARTBEAT_S": str(H), "GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600",
-       "GPUPOOL_FENCE_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.05",
+       "GPUPOOL_MAX_DISCONNECT_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.05",
        "GPUPOOL_LAUNCH_TTL_S": "30", "GPUPOOL_METERING_INTERVAL_S": "0.5", "GPUPOOL_METERING_PERIOD_S": "1"}
 PR_SEQUENCES, SOAK_SEQUENCES, SOAK_BUDGET_S, BATCH = 25, 10_000, 600.0, 25
 FINAL = ("exited", "failed", "fenced", "refused")

@@ -70,7 +70,7 @@ pytestmark = pytest.mark.slow
 
 CRASH_POINTS = ("binder.after_allocation_insert", "jobs.before_job_update", "jobs.after_commit_before_response",
                 "metering.mid_ledger_batch")
-ENV = {**SCALED, "GPUPOOL_FENCE_S": "60", "GPUPOOL_LOST_AFTER_S": "65"}
+ENV = {**SCALED, "GPUPOOL_MAX_DISCONNECT_S": "60", "GPUPOOL_LOST_AFTER_S": "65"}
 MARKER = """
 import os, sys, time
 os.umask(0)  # a restart of the attempt may run as another transient uid: it must be able to append

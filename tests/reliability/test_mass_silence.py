@@ -155,7 +155,7 @@ def test_t8_mass_silence_engages_the_guard_and_a_partial_one_is_declared_lost(cl
 
 # the guard's rules, without processes ---------------------------------------------------------------------------
 
-SETTINGS = Settings(heartbeat_s=0.25, suspect_after_s=0.75, lost_after_s=3, fence_s=2, kill_grace_s=0.5,
+SETTINGS = Settings(heartbeat_s=0.25, suspect_after_s=0.75, lost_after_s=3, max_disconnect_s=2, kill_grace_s=0.5,
                     requeue_rate_per_s=2, requeue_burst=1)
 
 

@@ -45,7 +45,7 @@ from gpupool.devtools.hand_tls import channel_url
 from gpupool.devtools.harness import free_port
 
 ENV = {"GPUPOOL_HEARTBEAT_S": "0.5", "GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600",
-       "GPUPOOL_FENCE_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
+       "GPUPOOL_MAX_DISCONNECT_S": "30", "GPUPOOL_KILL_GRACE_S": "1", "GPUPOOL_CYCLE_INTERVAL_S": "0.1",
        "GPUPOOL_AUTH_FAILURES_PER_MIN": "1000"}
 PARTS = ("impostor", "reset", "dup_uuid", "dup_index", "cmdline", "channels", "renewals")
 CHANNELS = 150

@@ -45,7 +45,7 @@ from gpupool.server.check import run_checks
 
 pytestmark = pytest.mark.slow
 
-H, G, F = (float(SCALED[k]) for k in ("GPUPOOL_HEARTBEAT_S", "GPUPOOL_LOST_AFTER_S", "GPUPOOL_FENCE_S"))
+H, G, F = (float(SCALED[k]) for k in ("GPUPOOL_HEARTBEAT_S", "GPUPOOL_LOST_AFTER_S", "GPUPOOL_MAX_DISCONNECT_S"))
 SCAN = min(1.0, H)  # the monitor's period (AgentHub.monitor)
 RUNS = 20 if soak() else 1
 WORK_S = 4.0  # each attempt's workload: longer than F, so a fenced attempt 1 never reaches its end
@@ -187,7 +187,7 @@ def short_partition(net: Net) -> dict[str, Any]:
     gap = max((b - a for a, b in zip(ticks, ticks[1:], strict=False) if b > cut_at and a < healed_at), default=0.0)
     return {"lost": "lost" in states, "requeues": sum(e["kind"] == "requeued" for e in net.cluster.events(job_id)),
             "job": job, "marker": marker, "gap": gap, "restarted": (markers / "attempt-2").exists(),
-            "suspect": "suspect" in states, "cut": cut_at, "healed": healed_at}
+            "unreachable": "unreachable" in states, "cut": cut_at, "healed": healed_at}
 
 
 def test_t2a_a_short_partition_loses_nothing(net: Net) -> None:
@@ -195,7 +195,7 @@ def test_t2a_a_short_partition_loses_nothing(net: Net) -> None:
     false_lost, requeues = sum(r["lost"] for r in runs), sum(r["requeues"] for r in runs)
     restarted = sum(r["restarted"] or r["job"]["attempt"] != 1 for r in runs)
     figure(f"T2a partitions={len(runs)} dur=0.5G ({0.5 * G:g} s) false_lost={false_lost} requeues={requeues} "
-           f"restarted={restarted} suspect={sum(r['suspect'] for r in runs)} "
+           f"restarted={restarted} unreachable={sum(r['unreachable'] for r in runs)} "
            f"max_tick_gap_s={max(r['gap'] for r in runs):.2f}")
     for run in runs:
         job, marker = run["job"], run["marker"]
