@@ -41,7 +41,7 @@ import pytest
 from sqlalchemy import select, text
 
 from gpupool.devtools.figures import figure, soak
-from gpupool.devtools.harness import Postgres, Server, free_port, server_log, start_server
+from gpupool.devtools.harness import Postgres, Server, copy_pool_keys, free_port, server_log, start_server
 from gpupool.server.check import run_checks
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, Job, Lease
@@ -119,9 +119,10 @@ class Pair:
         data = self.root / name
         data.mkdir(parents=True, exist_ok=True)
         env = dict(ENV)
-        if self.token:  # the database exists: share the operator token and the master key of the first one
+        if self.token:  # the database exists: share the operator token, and provision the pool's keys (HA docs)
             (data / "admin.token").write_text(self.token + "\n")
-            env["GPUPOOL_MASTER_KEY_FILE"] = str(self.root / "a" / "master.key")
+            if not (data / "master.key").exists():
+                copy_pool_keys(self.root / "a", data)
         server = start_server(data, self.url, env=env)
         self.token = self.token or server.token
         self.servers[name] = server

@@ -215,6 +215,20 @@ def start_server(data_dir: Path, database_url: str | None = None, env: dict[str,
     raise RuntimeError(f"no control plane started in {data_dir}: every free port was taken before it bound")
 
 
+#: the files a standby control plane must hold, copied from the pool's first one (docs: High availability)
+POOL_KEY_FILES = ("master.key", "ca.key", "ca.crt", "order-signing.key", "order-signing.pub")
+
+
+def copy_pool_keys(source: Path, data_dir: Path) -> None:
+    """Provision `data_dir` for a standby as the HA docs say: the pool's keys from the first control plane's data dir
+    `source`, each 0600 (the .pub and .crt 0644) in a 0700 folder."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name in POOL_KEY_FILES:
+        target = data_dir / name
+        shutil.copyfile(source / name, target)
+        target.chmod(0o644 if name.endswith((".pub", ".crt")) else 0o600)
+
+
 def stop_server(server: Server) -> None:
     server.process.terminate()
     try:
