@@ -160,6 +160,7 @@ CHANGES = {
     "epoch": 6,
     "expires_at": NOW + 121,
     "user": "mallory",  # a forged user name would run the job as another local account
+    "max_disconnect_s": 86400.0,  # a forged one would keep the workload running past its node's loss
     "node_id": "node-2",
 }
 

@@ -127,6 +127,8 @@ def _prepare(settings: Settings, db: Database, lease: SchedulerLease, refusal: C
     why = refusal()
     if why is not None and lease.sqlite:
         raise KeyringError(why)
+    with contextlib.suppress(Exception):  # lead from the first request on if it can (the loop keeps trying)
+        lease.hold()
 
 
 def _take_over(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
