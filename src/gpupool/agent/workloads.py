@@ -317,6 +317,9 @@ class Workloads:
     def _final_status(self, workload: Workload, exit_code: int | None) -> TaskStatus:
         key = workload.handle.key
         if workload.fenced or self._runtime.self_fenced(workload.handle):
+            if not workload.fenced:  # its watchdog was quicker than the agent's own check: say so here too
+                log.error("self-fencing: workload %s was stopped by its watchdog (no word from any control plane "
+                          "for its max_disconnect)", key)
             return self._status(key, "fenced", exit_code, "self-fenced: no word from the control plane")
         if exit_code is None:
             return self._status(key, "failed", None, "the workload ended without a recorded exit code")

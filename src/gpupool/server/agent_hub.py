@@ -648,30 +648,34 @@ class AgentHub:
             self.last_seen[node_id] = max(self.last_seen[node_id], now)
 
     def check_liveness(self, now: float) -> None:
-        """Mark nodes silent past `suspect_after_s` unreachable and requeue their work whose own max_disconnect has
+        """Mark nodes not heard for `suspect_after_s` unreachable and requeue their work whose own max_disconnect has
         surely passed; declare lost (and requeue everything of) those silent past `lost_after_s`, as the guard allows,
-        fenced by the lease epoch this pass started under. When the guard lifts after an outage or a mass silence,
-        every node first gets a fresh grace (as Kubernetes does on leaving a zone's full disruption): nodes still
-        silent are judged again from then."""
+        fenced by the lease epoch this pass started under. Unreachable counts from the node's latest fresh frame; what
+        requeues counts from the later of that and the latest frame sent to it (`_silence`). When the guard lifts
+        after an outage or a mass silence, every node first gets a fresh grace (as Kubernetes does on leaving a
+        zone's full disruption): nodes still silent are judged again from then."""
         epoch = self.lease.epoch if self.lease is not None else None
-        silent = self._silence(now)
         before = self.guard.reason
-        if self.guard.check(now, silent, self.db.unreachable_at):
+        if self.guard.check(now, self._unheard(now), self.db.unreachable_at):
             log.debug("liveness guard holds: %s", self.guard.reason)
         elif before and before != "starting":
             log.warning("liveness guard lifted (it held for: %s); every node gets a fresh grace", before)
             self._fresh_grace(now)
-            silent = self._silence(now)
+        unheard, silent = self._unheard(now), self._silence(now)
         for node_id, quiet in silent.items():
             try:
                 if quiet > self.settings.lost_after_s and self.guard.allow_lost(now):
                     self._lost(node_id, quiet, epoch)
-                elif quiet > self.settings.suspect_after_s:
+                elif unheard[node_id] > self.settings.suspect_after_s:
                     self._set_state(node_id, "unreachable")
                     if not self.guard.engaged:
                         self._requeue_overdue(node_id, quiet, epoch)
             except Fenced:
                 return
+
+    def _unheard(self, now: float) -> dict[str, float]:
+        """Each tracked node's time since its latest fresh frame."""
+        return {n: now - t for n, t in self.last_seen.items()}
 
     def _silence(self, now: float) -> dict[str, float]:
         """Each tracked node's silence: since its latest fresh frame, or the latest frame sent to it if later (an
