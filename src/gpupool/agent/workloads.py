@@ -120,10 +120,11 @@ class Workloads:
             self._items[handle.key] = Workload(handle=handle, tail=tail)
 
     def running_reports(self) -> list[RunningReport]:
-        """What Hello says: every workload not yet forgotten, except fenced ones (they are reported "fenced")."""
+        """What Hello says: every workload not yet forgotten, except fenced ones (they are reported "fenced") and those
+        of a previous boot of the machine (they ended with it: the control plane requeues what Hello leaves out)."""
         reports = []
         for w in self._items.values():
-            if w.fenced:
+            if w.fenced or not self._runtime.of_this_boot(w.handle):
                 continue
             if w.final is None:
                 reports.append(

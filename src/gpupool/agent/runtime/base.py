@@ -170,6 +170,10 @@ class WorkloadRuntime(ABC):
         """The agent last heard from the control plane at `heard_at` (time.monotonic()); a runtime that watches its
         workloads independently of the agent stops them once this is older than the fence interval."""
 
+    def of_this_boot(self, handle: RunHandle) -> bool:
+        """False for a workload started before the machine last booted (it ended with that boot)."""
+        return True
+
     def self_fenced(self, handle: RunHandle) -> bool:
         """True when the runtime's own watchdog stopped the workload (its lease ran out)."""
         return False

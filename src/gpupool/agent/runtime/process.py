@@ -267,6 +267,9 @@ class ProcessRuntime(WorkloadRuntime):
         """True when the workload's wrapper stopped it because the lease ran out."""
         return handle.state_dir is not None and (handle.state_dir / FENCED_FILE).exists()
 
+    def of_this_boot(self, handle: RunHandle) -> bool:
+        return handle.host_boot_id == self._boot_id
+
     def is_alive(self, handle: RunHandle) -> bool:
         """True when the handle's process still runs: same kernel boot, same pid, same start time, not a zombie."""
         if handle.host_boot_id != self._boot_id:
