@@ -61,6 +61,7 @@ def pool(tmp_path: Path, postgres: Postgres) -> Iterator[Pool]:
     url = postgres.create_database(f"failover_{tmp_path.name[-40:].replace('-', '_').lower()}")
     with Cluster(tmp_path / "a", env=dict(ENV), database_url=url) as cluster:
         assert cluster.server is not None
+        first = cluster.server
         data_b = tmp_path / "b" / "cp"
         copy_pool_keys(cluster.server.data_dir, data_b)
         (data_b / "admin.token").write_text(cluster.server.token + "\n")
@@ -75,11 +76,10 @@ def pool(tmp_path: Path, postgres: Postgres) -> Iterator[Pool]:
             yield pool
         finally:
             watch.stop()
-            if standby.process.poll() is None:
-                standby.process.send_signal(signal.SIGCONT)
-                stop_server(standby)
-            if cluster.server.process.poll() is None:
-                cluster.server.process.send_signal(signal.SIGCONT)
+            for server in (first, standby):  # the cluster stops whichever it talks to last; this stops both
+                if server.process.poll() is None:
+                    server.process.send_signal(signal.SIGCONT)
+                    stop_server(server)
     assert cluster.violations == []
 
 
