@@ -71,3 +71,24 @@ def test_t13_a_restart_that_migrates_the_schema_restarts_no_attempt(tmp_path: Pa
         assert restarted == 0 and requeued == 0 and violations == []
         assert all(j["state"] == "succeeded" for j in finished)
         assert all((m := read_marker(box / "attempt-1")) is not None and m.done for box in boxes.values())
+
+
+def test_a_database_migrated_by_a_newer_gpupool_is_refused_with_its_reason(tmp_path: Path) -> None:
+    """An older control plane started on a database a newer one migrated (a rolling upgrade gone backwards) refuses
+    in one line instead of touching it."""
+    import subprocess
+    import sys
+
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'gpupool.db'}"
+    migrating.upgrade(url)
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+    engine.dispose()
+    done = subprocess.run([sys.executable, "-m", "gpupool.server", "--data-dir", str(tmp_path), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert "9999_from_the_future, which this gpupool does not know" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -162,6 +162,10 @@ def backup_sqlite(url: str, revision: str) -> Path | None:
 def upgrade(url: str) -> None:
     """Bring the database at `url` to the head revision, all or nothing (see the module docstring)."""
     revision, head = current_revision(url), head_revision()
+    known = {script.revision for script in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()}
+    if revision is not None and revision not in known:
+        raise SchemaMismatch(f"the database is at schema revision {revision}, which this gpupool does not know (its "
+                             f"newest is {head}): a newer gpupool migrated it; upgrade this one to that version")
     verify(url, revision)
     if revision == head:
         return
