@@ -42,16 +42,16 @@ S8_CASES = {  # case -> the parts (tests) it takes
 }
 
 
-class S8Book:
-    """Each S8 test records its part (passed or not, with its numbers) with `case`; the test that records the last
-    part prints the S8 figure line, on whichever xdist worker it runs."""
+class PartBook:
+    """Each test of a figure recorded in parts leaves its part with `part` (passed or not, with its numbers); the test
+    that records the last part prints the figure line (`line`), on whichever xdist worker it runs."""
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
 
     @contextlib.contextmanager
-    def case(self, part: str) -> Iterator[dict[str, Any]]:
-        """Record `part` as passed when the block ends normally, failed when it raises; the numbers the block
+    def part(self, name: str) -> Iterator[dict[str, Any]]:
+        """Record `name` as passed when the block ends normally, failed when it raises; the numbers the block
         leaves in the yielded dict go with it."""
         numbers: dict[str, Any] = {}
         passed = False
@@ -59,9 +59,19 @@ class S8Book:
             yield numbers
             passed = True
         finally:
-            found = self.parts.add(part, passed=passed, **numbers)
+            found = self.parts.add(name, passed=passed, **numbers)
             if found is not None:
                 figure(self.line(found))
+
+    @staticmethod
+    def line(found: dict[str, dict[str, Any]]) -> str:
+        raise NotImplementedError
+
+
+class S8Book(PartBook):
+    """The S8 figure's parts; its tests record them with `case`."""
+
+    case = PartBook.part
 
     @staticmethod
     def line(found: dict[str, dict[str, Any]]) -> str:
@@ -130,24 +140,8 @@ S16_PARTS = ("audit", "lockout", "scheme", "slow", "request_id", "metrics_anon",
              "queue_gauges_allocated", "headers", "logout")
 
 
-class S16Book:
-    """Each S16 test records its part with `part` (passed or not, with its numbers); the test that records the last
-    one prints the S16 figure line, on whichever xdist worker it runs."""
-
-    def __init__(self, parts: Parts) -> None:
-        self.parts = parts
-
-    @contextlib.contextmanager
-    def part(self, name: str) -> Iterator[dict[str, Any]]:
-        numbers: dict[str, Any] = {}
-        passed = False
-        try:
-            yield numbers
-            passed = True
-        finally:
-            found = self.parts.add(name, passed=passed, **numbers)
-            if found is not None:
-                figure(self.line(found))
+class S16Book(PartBook):
+    """The S16 figure's parts."""
 
     @staticmethod
     def line(found: dict[str, dict[str, Any]]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,28 @@ def shared_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     srv = _start(request, tmp_path_factory.mktemp("shared") / "data")
     yield srv
     stop_server(srv)
+
+
+#: the API guard's limits lifted for tests that drive the API hard (those that test a limit set their own)
+LIFTED = {"GPUPOOL_RATE_LIMIT_PER_S": "100000", "GPUPOOL_RATE_LIMIT_BURST": "100000",
+          "GPUPOOL_AUTH_FAILURES_PER_MIN": "100000", "GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "100000"}
+
+
+@pytest.fixture
+def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """`launch(backend, **env)`: a control plane on "sqlite" or "postgres" with GPUPOOL_* `env` over LIFTED;
+    stopped after the test."""
+    started: list[Server] = []
+
+    def start(backend: str = "sqlite", **env: str) -> Server:
+        url = None
+        if backend == "postgres":
+            pg: Postgres = request.getfixturevalue("postgres")
+            url = pg.create_database(f"cp{free_port()}")
+        server = start_server(tmp_path / f"cp{len(started)}" / "data", url, env={**LIFTED, **env})
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        stop_server(server)

@@ -11,10 +11,8 @@ import math
 import re
 import socket
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,29 +20,7 @@ import pytest
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, insert, text
 from sqlalchemy.exc import DBAPIError
 
-from gpupool.devtools.harness import Postgres, Server, free_port, start_server, stop_server, wait_for
-
-LIFTED = {"GPUPOOL_RATE_LIMIT_PER_S": "100000", "GPUPOOL_RATE_LIMIT_BURST": "100000",
-          "GPUPOOL_AUTH_FAILURES_PER_MIN": "100000", "GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "100000"}
-
-
-@pytest.fixture
-def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """`launch(backend, **env)`: a control plane on "sqlite" or "postgres" with GPUPOOL_* `env`; stopped after."""
-    started: list[Server] = []
-
-    def start(backend: str = "sqlite", **env: str) -> Server:
-        url = None
-        if backend == "postgres":
-            pg: Postgres = request.getfixturevalue("postgres")
-            url = pg.create_database(f"guard{free_port()}")
-        server = start_server(tmp_path / f"cp{len(started)}" / "data", url, env={**LIFTED, **env})
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        stop_server(server)
+from gpupool.devtools.harness import Server, wait_for
 
 
 def _as(server: Server, token: str | None, scheme: str = "Bearer", headers: dict[str, str] | None = None,

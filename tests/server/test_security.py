@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +27,13 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from gpupool.devtools.figures import figure
-from gpupool.devtools.harness import Postgres, Server, free_port, start_server, stop_server
+from gpupool.devtools.harness import Postgres, Server, start_server, stop_server
 from gpupool.server import agent_hub, auth
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Job, Org, Project, Token, User
 from gpupool.server.guard import FailureWindow, TokenBuckets
 from gpupool.server.keyring import Keyring, rotate_master_key
 from gpupool.server.settings import Settings
-
-LIFTED = {"GPUPOOL_RATE_LIMIT_PER_S": "100000", "GPUPOOL_RATE_LIMIT_BURST": "100000",
-          "GPUPOOL_AUTH_FAILURES_PER_MIN": "100000", "GPUPOOL_MAX_PENDING_JOBS_PER_ORG": "100000"}
-
-
-@pytest.fixture
-def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """`launch(backend, **env)`: a control plane on "sqlite" or "postgres" with GPUPOOL_* `env`; stopped after."""
-    started: list[Server] = []
-
-    def start(backend: str = "sqlite", **env: str) -> Server:
-        url = None
-        if backend == "postgres":
-            pg: Postgres = request.getfixturevalue("postgres")
-            url = pg.create_database(f"sec{free_port()}")
-        server = start_server(tmp_path / f"cp{len(started)}" / "data", url, env={**LIFTED, **env})
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        stop_server(server)
 
 
 def _user_token(op: httpx.Client, name: str, role: str = "member", org: str | None = None) -> str:
@@ -429,10 +406,10 @@ def test_a_control_plane_refuses_a_master_key_that_is_not_its_databases(launch: 
     key_path.unlink()
     key_path.write_text(base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
     with pytest.raises(RuntimeError, match="master key"):
-        start_server(server.data_dir, env=LIFTED)
+        start_server(server.data_dir)
     key_path.unlink()
     with pytest.raises(RuntimeError, match="missing"):
-        start_server(server.data_dir, env=LIFTED)
+        start_server(server.data_dir)
     assert not key_path.exists()  # not silently replaced by a fresh key
 
 

@@ -34,24 +34,24 @@ class Registry:
                 table[name] = factory
 
     def create_plugin(self, name: str, args: Mapping[str, Any]) -> Plugin:
-        if name not in self.plugins:
-            raise ValueError(f"unknown plugin {name!r}; known: {', '.join(sorted(self.plugins))}")
-        try:
-            plugin = self.plugins[name](**args)
-        except TypeError as exc:
-            raise ValueError(f"plugin {name!r}: bad arguments: {exc}") from None
+        plugin = _create("plugin", self.plugins, name, args)
         assert isinstance(plugin, Plugin)
         return plugin
 
     def create_action(self, name: str, args: Mapping[str, Any]) -> Action:
-        if name not in self.actions:
-            raise ValueError(f"unknown action {name!r}; known: {', '.join(sorted(self.actions))}")
-        try:
-            action = self.actions[name](**args)
-        except TypeError as exc:
-            raise ValueError(f"action {name!r}: bad arguments: {exc}") from None
+        action = _create("action", self.actions, name, args)
         assert isinstance(action, Action)
         return action
+
+
+def _create(kind: str, table: Mapping[str, Any], name: str, args: Mapping[str, Any]) -> Any:
+    """`table[name](**args)`; ValueError naming the `kind` for an unknown name or arguments its factory refuses."""
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
+    try:
+        return table[name](**args)
+    except TypeError as exc:
+        raise ValueError(f"{kind} {name!r}: bad arguments: {exc}") from None
 
 
 def load_entry_points(registry: Registry, group: str = "gpupool.plugins") -> None:
