@@ -252,7 +252,8 @@ def replay(
         "waiting over 2 h)")),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
-    queues: Path | None = typer.Option(None, help="queue tree YAML (see README); enables quotas and fair share"),
+    queues: Path | None = typer.Option(None, help="queue tree YAML (docs: Queues and quotas); enables quotas and "
+                                                  "fair share"),
     assign: str = typer.Option("hash", help="how jobs map to leaf queues: hash (stable hash of the name) or "
                                "column (the pod list's queue column)"),
     profile: str | None = typer.Option(None, help="multi-tenant profiles, comma-separated: "
