@@ -6,7 +6,11 @@ each link to the docs page that names the command behind them. (`make test` also
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,20 @@ def test_every_readme_figure_links_to_a_page_naming_its_command():
         command = re.search(r"\|\s*`([^`]+)`\s*\|", row).group(1)
         page = REPO / re.search(r"\]\((docs/[\w./-]+\.md)\)", row).group(1)
         assert command in page.read_text(), f"{page.name} does not name `{command}`"
+
+
+def test_the_strict_build_refuses_a_broken_link_and_a_page_left_out_of_the_nav(tmp_path):
+    """What `make test`'s `mkdocs build --strict` guards, shown on a copy of the site with both faults."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    shutil.copy(REPO / "mkdocs.yml", tmp_path)
+    shutil.copytree(REPO / "reports", tmp_path / "reports")
+    (tmp_path / "docs" / "orphan.md").write_text("# Not in the nav\n")
+    with (tmp_path / "docs" / "billing.md").open("a") as page:
+        page.write("\nSee [the missing page](operating/missing.md).\n")
+    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert build.returncode != 0
+    assert "orphan.md" in build.stderr and "operating/missing.md" in build.stderr, build.stderr
