@@ -120,7 +120,7 @@ class Settings(BaseModel):
     #: image registries jobs may name although they are private, loopback or link-local addresses (S11):
     #: comma-separated "host" or "host:port" entries, IPv6 addresses in brackets
     registry_allow: str = ""
-    #: bytes of one attempt's log the control plane keeps, the tail (issue 41, finding 9; see server.joblogs)
+    #: bytes of one attempt's log the control plane keeps: the tail, with the cut marked (see server.joblogs)
     max_log_bytes_per_job: int = Field(default=100 << 20, ge=64 << 10)
 
     @field_validator("trusted_proxies")
