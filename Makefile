@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED ?= $(abspath ../shared)
 FAKE_GPUS ?= 2xA100-80GB
 
-.PHONY: install run demo test lint bench soak clean system-deps
+.PHONY: install run demo test lint docs bench soak clean system-deps
 
 install: $(STAMP)
 
@@ -38,7 +38,15 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
 	  echo "Chromium is missing: the dashboard tests will be skipped"
 
+# The docs site (mkdocs.yml): regenerate the CLI and settings references and the OpenAPI schema, then build site/.
+# `make test` builds it with --strict too: a broken link, a missing page or a page left out of the nav fails.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+docs: install
+	$(PY) -m gpupool.devtools.docgen
+	$(MKDOCS)
+
 test: lint system-deps
+	$(MKDOCS) --quiet
 	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 --dist worksteal -p no:cacheprovider
 
 # Reliability soak (RELIABILITY.md §3.1, full counts: T1 100 kills / 500 jobs on SQLite and PostgreSQL, every
@@ -66,4 +74,4 @@ bench: install
 	GPUPOOL_SHARED=$(SHARED) $(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo-out sim-out gpupool-data .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-out sim-out gpupool-data site .mypy_cache .ruff_cache

@@ -6,10 +6,11 @@ import io
 import math
 import os
 import sys
+from pathlib import Path
 
 import typer
 
-from gpupool.cli.client import ApiError, Client
+from gpupool.cli.client import ApiError, Client, saved_data_dir
 from gpupool.cli.cluster import fail
 from gpupool.cli.render import console, show
 from gpupool.protocol.csvsafe import SafeWriter
@@ -125,6 +126,13 @@ def price_list(as_json: bool = typer.Option(False, "--json")) -> None:
     show(rows, as_json, [("what", "what"), ("cents", "cents_per_hour"), ("per", "per")], title="prices")
 
 
-def check(database_url: str = typer.Option(..., help="the control plane's database URL")) -> None:
-    """Verify the invariants (no double allocation, balanced ledger, ...) on a database; exit 1 on a violation."""
-    os.execv(sys.executable, [sys.executable, "-m", "gpupool.server.check", "--database-url", database_url])
+def check(data_dir: Path | None = typer.Option(None, help="the control plane's data dir (default: the one `gpupool "
+                                                       "up` last started on this host, else gpupool-data)"),
+          database_url: str | None = typer.Option(None, help="check this database instead (default: "
+                                                             "$GPUPOOL_DATABASE_URL, else DATA_DIR/gpupool.db)"),
+          ) -> None:
+    """Verify the invariants (no double allocation, balanced ledger, ...) on the control plane's database, found as
+    the control plane finds it; exit 1 on a violation, 2 when there is no database there."""
+    where = ["--database-url", database_url] if database_url else [
+        "--data-dir", str(data_dir or saved_data_dir() or Path("gpupool-data"))]
+    os.execv(sys.executable, [sys.executable, "-m", "gpupool.server.check", *where])

@@ -1,5 +1,6 @@
 """The CLI's HTTP client: the public API only. Where to connect: GPUPOOL_URL and GPUPOOL_TOKEN, else the
-config file written by `gpupool login` or `gpupool up` ($XDG_CONFIG_HOME/gpupool/config.json)."""
+config file written by `gpupool login` or `gpupool up` ($XDG_CONFIG_HOME/gpupool/config.json), which `gpupool up`
+also tells where its data dir is (for `gpupool check`)."""
 
 from __future__ import annotations
 
@@ -24,21 +25,34 @@ def config_path() -> Path:
     return Path(base) / "gpupool" / "config.json"
 
 
-def save_config(url: str, token: str) -> Path:
+def save_config(url: str, token: str, data_dir: Path | None = None) -> Path:
+    """Write the CLI's config (0600): the control plane to use and, when this host runs it (`gpupool up`), its data
+    dir as an absolute path. A config without a data dir (`gpupool login`) points at a control plane elsewhere."""
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    saved = {"url": url, "token": token} | ({"data_dir": str(data_dir.resolve())} if data_dir else {})
     with os.fdopen(fd, "w") as handle:
-        json.dump({"url": url, "token": token}, handle)
+        json.dump(saved, handle)
     return path
+
+
+def _saved() -> dict[str, str]:
+    path = config_path()
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def saved_data_dir() -> Path | None:
+    """The data dir of the control plane `gpupool up` last started on this host, if the config names one."""
+    data_dir = _saved().get("data_dir")
+    return Path(data_dir) if data_dir else None
 
 
 def load_config() -> tuple[str, str | None]:
     url, token = os.environ.get("GPUPOOL_URL"), os.environ.get("GPUPOOL_TOKEN")
     if url and token:
         return url, token
-    path = config_path()
-    saved: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
+    saved = _saved()
     return url or saved.get("url", DEFAULT_URL), token or saved.get("token")
 
 

@@ -105,7 +105,7 @@ def fill(
     seeds: str = typer.Option("42", help="seeds: 42-51 or 1,2,3"),
     demand: str = typer.Option("1.3", help="target GPU demand as a multiple of cluster capacity"),
     out: Path = typer.Option(Path("sim-out"), help="output folder"),
-    jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="parallel processes"),
+    jobs: int = typer.Option(os.cpu_count() or 1, min=1, show_default="one per CPU", help="parallel processes"),
     timing: bool = typer.Option(True, help="record decisions_per_s (wall clock; --no-timing makes "
                                 "results.csv byte-identical across runs)"),
     quiet: bool = typer.Option(False, help="no progress bar"),
@@ -244,7 +244,7 @@ def replay(
     out: Path = typer.Option(Path("sim-out"), help="output folder"),
     tick_s: float = typer.Option(0.0, min=0.0, help="at most one scheduling cycle per this many simulated seconds"),
     sample_s: float = typer.Option(3600.0, min=1.0, help="cluster sample period in simulated seconds"),
-    jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="parallel processes"),
+    jobs: int = typer.Option(os.cpu_count() or 1, min=1, show_default="one per CPU", help="parallel processes"),
     timing: bool = typer.Option(True, help="record cycle latency and decisions/s (wall clock)"),
     consolidate: bool = typer.Option(False, help=(
         "move tasks to start blocked jobs, right after allocate: checkpointable ones resume; a job that cannot "
@@ -252,7 +252,8 @@ def replay(
         "waiting over 2 h)")),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
-    queues: Path | None = typer.Option(None, help="queue tree YAML (see README); enables quotas and fair share"),
+    queues: Path | None = typer.Option(None, help="queue tree YAML (docs: Queues and quotas); enables quotas and "
+                                                  "fair share"),
     assign: str = typer.Option("hash", help="how jobs map to leaf queues: hash (stable hash of the name) or "
                                "column (the pod list's queue column)"),
     profile: str | None = typer.Option(None, help="multi-tenant profiles, comma-separated: "

@@ -113,7 +113,7 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
             agent_args += ["--fake-gpus", fake_gpus]
         children.append(subprocess.Popen(agent_args, stdout=open(logs / "agent.log", "ab"),  # noqa: SIM115
                                          stderr=subprocess.STDOUT))
-        config = save_config(url, token)
+        config = save_config(url, token, data_dir)
         _banner(url, data_dir, config, fake_gpus)
         _supervise(children)
     except (RuntimeError, OSError) as exc:

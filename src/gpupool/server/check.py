@@ -1,5 +1,6 @@
-"""`python -m gpupool.server.check --database-url URL` (and `gpupool check`): verify RELIABILITY.md's
-invariants on SQLite or PostgreSQL, read-only. Exit code 1 and one line per violation if any fails.
+"""`python -m gpupool.server.check [--data-dir D] [--database-url URL]` (and `gpupool check`): verify RELIABILITY.md's
+invariants on SQLite or PostgreSQL, read-only. Exit code 1 and one line per violation if any fails. The database is
+found as the control plane finds it: --database-url, else $GPUPOOL_DATABASE_URL, else SQLite in the data dir.
 
 I1  no GPU slot held by two allocations at once (open, and over time)
 I3  one job per (organisation, idempotency key)
@@ -17,17 +18,20 @@ I10 cancel is final: a cancelled job stays cancelled, no event after its cancel 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import defaultdict
 from datetime import UTC, datetime
+from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, make_url, select
 from sqlalchemy.orm import Session
 
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, LedgerEntry, UsageDaily
 from gpupool.server.services.metering import aware, milliseconds
 from gpupool.server.services.rollup import AMOUNTS, day_of, tags_key
+from gpupool.server.settings import Settings
 
 OPEN_END = datetime.max.replace(tzinfo=UTC)
 #: the events that end a job by cancelling it (by request, or an idle reclaim)
@@ -173,11 +177,31 @@ def _one_snapshot(session: Session) -> None:
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
+def database_url(data_dir: Path, url: str | None) -> str:
+    """The database a control plane started with `data_dir` and `url` uses (`Settings.db_url`, with
+    $GPUPOOL_DATABASE_URL as the server reads it). ValueError naming the file when that is an SQLite database that
+    does not exist: checking one would create it empty."""
+    found = Settings(data_dir=data_dir, database_url=url or os.environ.get("GPUPOOL_DATABASE_URL", "")).db_url
+    parsed = make_url(found)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") \
+            and not Path(parsed.database).is_file():
+        raise ValueError(f"no gpupool database at {parsed.database}: pass --data-dir DIR (the control plane's data "
+                         "dir) or --database-url URL")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpupool check", description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--data-dir", type=Path, default=Path("gpupool-data"))
+    parser.add_argument("--database-url", default=None)
     args = parser.parse_args(argv)
-    violations = run_checks(args.database_url)
+    try:
+        url = database_url(args.data_dir, args.database_url)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"database: {make_url(url).render_as_string(hide_password=True)}")
+    violations = run_checks(url)
     for line in violations:
         print(line)
     print(f"{len(violations)} invariant violations")
