@@ -225,6 +225,8 @@ class QueueOut(_Response):
     fair_share_gpus: float = 0
     pending_jobs: int = 0
     running_jobs: int = 0
+    oldest_pending_at: UtcTime | None = Field(default=None, description="when its longest-waiting pending job was "
+                                                                       "submitted; none when nothing is pending")
 
 
 # Image references (OCI distribution's grammar, as podman and docker read them) ---------------------------------
@@ -533,6 +535,8 @@ class BudgetOut(_Response):
     used_gpu_hours: float
     used_cents: float
     exceeded: bool
+    period_start: UtcTime | None = Field(default=None, description="the current period's start (UTC)")
+    period_end: UtcTime | None = Field(default=None, description="the current period's end, when the budget renews")
 
 
 class UsageOut(_Response):

@@ -75,11 +75,14 @@ def list_prices(who: Caller, db: Db) -> list[api.PriceSet]:
 
 
 def _budget_out(db: Session, budget: Budget) -> api.BudgetOut:
-    hours, cents = metering.budget_use(db, budget, datetime.now(UTC))
+    now = datetime.now(UTC)
+    hours, cents = metering.budget_use(db, budget, now)
     return api.BudgetOut(id=budget.id, scope=budget.scope, name=budget.name, period=budget.period,
                          gpu_hours=budget.gpu_hours, cents=budget.cents, hard=budget.hard,
                          used_gpu_hours=round(hours, 4), used_cents=round(cents, 2),
-                         exceeded=metering.exceeded(budget, hours, cents))
+                         exceeded=metering.exceeded(budget, hours, cents),
+                         period_start=metering.period_start(budget.period, now),
+                         period_end=metering.period_end(budget.period, now))
 
 
 @router.post("/budgets", response_model=api.BudgetOut, status_code=201)

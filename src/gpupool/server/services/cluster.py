@@ -101,27 +101,33 @@ def list_queues(session: Session, principal: Principal, fair_shares: dict[str, i
     index = QueueIndex.load(session)
     used: Counter[str] = Counter()
     counts: Counter[tuple[str, str]] = Counter()
-    for org_id, queue, state in session.execute(select(Job.org_id, Job.queue, Job.state).where(
-            Job.state.in_(HOLDING_STATES))):
-        counts[(index.key(org_id, queue), "pending" if state == "pending" else "running")] += 1
+    oldest: dict[str, datetime] = {}
+    for org_id, queue, state, submitted in session.execute(select(
+            Job.org_id, Job.queue, Job.state, Job.submitted_at).where(Job.state.in_(HOLDING_STATES))):
+        key = index.key(org_id, queue)
+        counts[(key, "pending" if state == "pending" else "running")] += 1
+        if state == "pending" and (key not in oldest or submitted < oldest[key]):
+            oldest[key] = submitted
     for milli, org_id, queue in session.execute(select(Allocation.gpu_milli, Job.org_id, Job.queue).join(
             Job, Job.id == Allocation.job_id).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
         used[index.key(org_id, queue)] += milli
     visible = [r for r in index.rows if principal.is_operator or r.org_id in (None, principal.org_id)]
-    return [_queue_out(session, r, index.row_key(r), used, counts, fair_shares) for r in visible]
+    return [_queue_out(session, r, index.row_key(r), used, counts, fair_shares, oldest) for r in visible]
 
 
 def _queue_out(session: Session, row: QueueRow, key: str, used: Counter[str] | dict[str, int],
                counts: Counter[tuple[str, str]] | dict[tuple[str, str], int],
-               fair_shares: dict[str, int]) -> api.QueueOut:
-    """`row` as the API shows it; `key` is its key in `used`, `counts` and `fair_shares`."""
+               fair_shares: dict[str, int], oldest: dict[str, datetime] | None = None) -> api.QueueOut:
+    """`row` as the API shows it; `key` is its key in `used`, `counts`, `fair_shares` and `oldest` (the submission
+    time of its longest-waiting pending job)."""
     org = session.get(Org, row.org_id) if row.org_id else None
     return api.QueueOut(name=row.name, parent=row.parent, org=org.name if org else None, guaranteed=row.guaranteed,
                         limit=row.limit, over_quota_weight=row.over_quota_weight, priority=row.priority,
                         max_disconnect_s=row.max_disconnect_s, used_gpus=used.get(key, 0) / 1000,
                         fair_share_gpus=fair_shares.get(key, 0) / 1000,
                         pending_jobs=counts.get((key, "pending"), 0),
-                        running_jobs=counts.get((key, "running"), 0))
+                        running_jobs=counts.get((key, "running"), 0),
+                        oldest_pending_at=(oldest or {}).get(key))
 
 
 def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list[GpuTelemetry]]) -> list[api.NodeOut]:

@@ -221,6 +221,16 @@ def period_start(period: str, now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+def period_end(period: str, now: datetime) -> datetime:
+    """When the period holding `now` ends: the next period's start."""
+    start = period_start(period, now)
+    if period == "day":
+        return start + timedelta(days=1)
+    if period == "week":
+        return start + timedelta(days=7)
+    return (start + timedelta(days=32)).replace(day=1)
+
+
 def budget_use(session: Session, budget: Budget, now: datetime) -> tuple[float, float]:
     """(GPU-hours, cents) spent against a budget in its current period."""
     start, end = period_start(budget.period, now), rollup.day_of(now) + 2 * rollup.DAY
