@@ -30,6 +30,8 @@ CHROMIUM = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")  # the ELF binary
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
+#: where the docs' screenshots go (docs/dashboard.md shows them), written only when GPUPOOL_SCREENSHOTS=1
+DOCS_SHOTS = Path(__file__).parents[2] / "docs" / "dashboard"
 SERVER_ENV = {
     # usage and cluster samples show up within a second
     "GPUPOOL_METERING_INTERVAL_S": "0.5", "GPUPOOL_METERING_PERIOD_S": "1",
@@ -196,6 +198,22 @@ class Tab:
         ARTIFACTS.mkdir(exist_ok=True)
         path = ARTIFACTS / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def doc_shot(self, name: str) -> Path | None:
+        """The visible part of the page as docs/dashboard/NAME.png, in at most 256 colours (small in git), when
+        GPUPOOL_SCREENSHOTS=1 is set; otherwise nothing is written (the pages' times and ids differ on every run)."""
+        if os.environ.get("GPUPOOL_SCREENSHOTS") != "1":
+            return None
+        from io import BytesIO
+
+        from PIL import Image
+
+        self.page.mouse.move(0, 0)  # no hover effect in the picture
+        image = Image.open(BytesIO(self.page.screenshot(animations="disabled", caret="hide")))
+        path = DOCS_SHOTS / f"{name}.png"
+        path.parent.mkdir(exist_ok=True)
+        image.convert("RGB").quantize(256).save(path, optimize=True)
         return path
 
     def settle(self) -> None:

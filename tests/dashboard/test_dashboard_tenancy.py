@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # The first tenant's names, as whole words ("tenant-admin" is a role, not the user admin).
 FOREIGN_NAMES = re.compile(r"(?<![\w-])(default|research|admin|vision)(?![\w-])")
 READS = re.compile(r"^/api/v1/(whoami|cluster/samples|nodes|top|usage|usage/statement|queues|jobs"
-                   r"|jobs/[0-9a-f]{32}(/events|/why|/logs)?)$")
+                   r"|budgets|jobs/[0-9a-f]{32}(/events|/why|/logs)?)$")
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@
 // `query` only values it recognises.
 
 import { api, token, whenUnauthorized } from './api.js';
-import { errorBox, h } from './dom.js';
+import { errorBox, h, idRef } from './dom.js';
 import * as heatmap from './pages/heatmap.js';
 import * as job from './pages/job.js';
 import * as jobs from './pages/jobs.js';
@@ -28,6 +28,8 @@ const PAGES = {
 };
 
 const state = { me: null, timers: [], notice: '' };
+/** The API's roles, least first (protocol.api.ROLES). */
+const ROLES = ['viewer', 'member', 'project-admin', 'tenant-admin', 'operator'];
 /** What a detail page's argument may be: a job id. Nothing else from the URL is ever shown. */
 const JOB_ID = /^[0-9a-f]{32}$/;
 
@@ -117,7 +119,8 @@ async function route() {
   }
   if (page !== 'login' && !PAGES[page]) page = 'overview';
   renderChrome(page);
-  const ctx = { me: state.me, every, navigate, signIn, signOut, isOperator: state.me?.role === 'operator' };
+  const ctx = { me: state.me, every, navigate, signIn, signOut, isOperator: state.me?.role === 'operator',
+    atLeast: (role) => ROLES.indexOf(state.me?.role) >= ROLES.indexOf(role) };
   if (page === 'login') {
     document.title = 'Sign in · gpupool';
     view.replaceChildren(login.render({ ...ctx, notice: state.notice }));
@@ -132,7 +135,7 @@ async function route() {
   }
   const pageModule = arg ? entry.detail : entry.module;
   document.title = `${arg || entry.title} · gpupool`;
-  view.replaceChildren(h('h1', {}, arg ? `${entry.title.replace(/s$/, '')} ${arg}` : entry.title),
+  view.replaceChildren(h('h1', {}, arg ? [`${entry.title.replace(/s$/, '')} `, idRef(arg)] : entry.title),
     pageModule.render(ctx, arg, query));
 }
 

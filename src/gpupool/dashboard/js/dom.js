@@ -88,3 +88,54 @@ export function segmented(name, options, current, onchange) {
   }
   return group;
 }
+
+/** A figure with its label (plain words; `hint` is the label's tooltip, e.g. the acronym spelled out) and a note. */
+export function tile(label, value, note, id, hint) {
+  return h('div', { class: 'tile', id }, h('div', { class: 'tile-label', title: hint }, label),
+    h('div', { class: 'tile-value' }, value), note ? h('div', { class: 'tile-note muted' }, note) : null);
+}
+
+export const SHORT_ID = 12;
+
+/**
+ * An id shown short (its first 12 characters, which `gpupool job show` accepts as a unique prefix) with the whole id
+ * as its tooltip, and a button that copies the whole id. Where the browser refuses the clipboard, the whole id is
+ * shown selected instead, for the reader to copy. `href` makes the short id a link.
+ */
+export function idRef(id, href) {
+  const attrs = { class: 'id', title: id, dataset: { id } };
+  const text = href ? h('a', { ...attrs, href }, id.slice(0, SHORT_ID)) : h('code', attrs, id.slice(0, SHORT_ID));
+  const copy = h('button', { type: 'button', class: 'icon copy', title: `Copy ${id}`, 'aria-label': 'Copy the whole id' },
+    '⧉');
+  copy.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(id);
+      copy.textContent = '✓';
+      setTimeout(() => { copy.textContent = '⧉'; }, 1500);
+    } catch {
+      text.textContent = id;
+      window.getSelection().selectAllChildren(text);
+    }
+  });
+  return h('span', { class: 'id-ref' }, text, copy);
+}
+
+/** Runs `action` on a second click within 5 s (no modal dialog); the first shows `confirmLabel`. */
+export function confirmClick(button, confirmLabel, action) {
+  const label = button.textContent;
+  let armed = false;
+  button.addEventListener('click', () => {
+    if (armed) {
+      armed = false;
+      action();
+      return;
+    }
+    armed = true;
+    button.textContent = confirmLabel;
+    setTimeout(() => {
+      armed = false;
+      if (!button.disabled) button.textContent = label;
+    }, 5000);
+  });
+  return button;
+}

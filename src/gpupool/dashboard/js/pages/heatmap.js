@@ -1,5 +1,5 @@
-// GPU heatmap: every GPU of every node from GET /nodes (one call), grouped by site and node. The colour shows
-// the allocated fraction, the utilisation or the temperature; each cell's tooltip has all three.
+// GPU heatmap: every GPU of every node from GET /nodes (one call), grouped by site (where set) and node. The colour
+// shows the allocated fraction, the utilisation or the temperature; each cell's tooltip has all three.
 
 import { api } from '../api.js';
 import { badge, h, panel, segmented } from '../dom.js';
@@ -73,8 +73,11 @@ function draw(nodes, mode) {
   if (!nodes.length) return h('p', { class: 'muted empty' }, 'No nodes have joined yet.');
   const sites = new Map();
   for (const node of nodes) sites.set(node.site, [...(sites.get(node.site) ?? []), node]);
-  const groups = [...sites.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([site, members]) =>
-    h('div', { class: 'site', dataset: { site } }, h('h3', {}, site ? `site ${site}` : 'no site set'),
+  // Sites only where set: a pool that names none shows its nodes without a heading.
+  const named = sites.size > 1 || !sites.has('');
+  const groups = [...sites.entries()].sort(([a], [b]) => (!a - !b) || a.localeCompare(b)).map(([site, members]) =>
+    h('div', { class: 'site', dataset: { site } },
+      named ? h('h3', {}, site ? `site ${site}` : 'nodes without a site') : null,
       h('div', { class: 'nodes' }, members.map((n) => nodeCard(n, mode)))));
   return [legend(mode), ...groups];
 }
@@ -85,7 +88,7 @@ export function render(ctx, _arg, query) {
     mode = value;
     heat.rerender();
   });
-  const heat = panel('GPUs by site and node', () => api('/nodes'), (nodes) => draw(nodes, mode),
+  const heat = panel('GPUs by node', () => api('/nodes'), (nodes) => draw(nodes, mode),
     { controls, id: 'heatmap' });
   ctx.every(REFRESH_MS, heat.refresh);
   return h('div', { class: 'page heatmap' }, heat.el);

@@ -1,8 +1,10 @@
 // One job: its fields and allocations (GET /jobs/{id}), why it is pending (GET /jobs/{id}/why), its events
-// (GET /jobs/{id}/events) and its log (GET /jobs/{id}/logs, followed every 2 s from X-Next-Offset). Cancel button.
+// (GET /jobs/{id}/events) and its log (GET /jobs/{id}/logs, followed every 2 s from X-Next-Offset). Cancel, and approve
+// or deny for a job awaiting approval (approval.js).
 
 import { api } from '../api.js';
-import { badge, errorBox, h, panel, table } from '../dom.js';
+import { decisionButtons } from '../approval.js';
+import { badge, confirmClick, errorBox, h, idRef, panel, table } from '../dom.js';
 import { TERMINAL, dateTime, duration, parseTime } from '../format.js';
 
 const LOG_POLL_MS = 2000;
@@ -26,14 +28,7 @@ function runtime(job) {
 function cancelButton(ctx, job, onDone) {
   if (TERMINAL.has(job.state) || ctx.me.role === 'viewer') return null;
   const button = h('button', { type: 'button', id: 'cancel-job', class: 'danger' }, 'Cancel job');
-  let armed = false;
-  button.addEventListener('click', async () => {
-    if (!armed) { // a second click confirms: no modal dialog
-      armed = true;
-      button.textContent = 'Click again to cancel';
-      setTimeout(() => { armed = false; button.textContent = 'Cancel job'; }, 5000);
-      return;
-    }
+  return confirmClick(button, 'Click again to cancel', async () => {
     button.disabled = true;
     try {
       await api(`/jobs/${encodeURIComponent(job.id)}/cancel`, { method: 'POST' });
@@ -42,7 +37,6 @@ function cancelButton(ctx, job, onDone) {
       button.replaceWith(errorBox(error));
     }
   });
-  return button;
 }
 
 function allocations(job) {
@@ -63,10 +57,10 @@ function jobFields(ctx, job, refreshAll) {
   const tags = Object.entries(job.tags).map(([k, v]) => `${k}=${v}`).join(', ');
   return [
     h('div', { class: 'job-head' }, badge(job.state), h('span', { class: 'spacer' }),
-      cancelButton(ctx, job, refreshAll)),
+      decisionButtons(ctx, job, refreshAll), cancelButton(ctx, job, refreshAll)),
     h('dl', { class: 'fields' },
-      field('name', job.name || '—'), field('state', job.state), field('project', job.project),
-      field('user', job.user), field('queue', job.queue),
+      field('id', idRef(job.id)), field('name', job.name || '—'), field('state', job.state),
+      field('project', job.project), field('user', job.user), field('queue', job.queue),
       field('GPUs', job.tasks > 1 ? `${job.tasks} tasks × ${job.gpus}` : job.gpus),
       field('priority', job.priority), field('attempt', job.attempt), field('preemptions', job.preemptions),
       field('command', h('code', {}, job.command.map(shellWord).join(' '))), field('tags', tags || '—'),

@@ -1,7 +1,7 @@
 // Jobs (GET /jobs, one call per page of 50), filtered by state; "More" follows the cursor.
 
 import { api } from '../api.js';
-import { badge, h, panel, table } from '../dom.js';
+import { badge, h, idRef, panel, table } from '../dom.js';
 import { JOB_STATES, dateTime } from '../format.js';
 
 const REFRESH_MS = 5000;
@@ -9,7 +9,7 @@ const PAGE = 50;
 
 function rows(items) {
   return table([
-    { label: 'job', cell: (j) => h('a', { href: `#/jobs/${encodeURIComponent(j.id)}` }, j.id.slice(0, 12)) },
+    { label: 'job', cell: (j) => idRef(j.id, `#/jobs/${encodeURIComponent(j.id)}`) },
     { label: 'name', cell: (j) => j.name },
     { label: 'state', cell: (j) => badge(j.state) },
     { label: 'project', cell: (j) => j.project },

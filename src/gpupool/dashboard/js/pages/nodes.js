@@ -41,7 +41,9 @@ export function render(ctx) {
     { label: 'last seen', class: 'num', cell: (n) => (n.last_seen ? `${since(n.last_seen)} ago` : '—') },
   ];
   if (ctx.isOperator) columns.push({ label: 'actions', cell: (n) => actionButton(n, (nodes) => list.show(nodes)) });
-  const draw = (list) => table(columns, list, { empty: 'No nodes have joined yet.',
+  // Sites only where set: no column of dashes on a pool that names none.
+  const shown = (list) => columns.filter((c) => c.label !== 'site' || list.some((n) => n.site));
+  const draw = (list) => table(shown(list), list, { empty: 'No nodes have joined yet.',
     rowAttrs: (n) => ({ dataset: { node: n.name, cordoned: String(n.cordoned) } }) });
   const list = panel('Nodes', () => api('/nodes'), draw, { id: 'nodes' });
   ctx.every(REFRESH_MS, list.refresh);

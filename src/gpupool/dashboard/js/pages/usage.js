@@ -3,7 +3,7 @@
 
 import { api } from '../api.js';
 import { barChart } from '../charts.js';
-import { h, panel, table } from '../dom.js';
+import { h, idRef, panel, table } from '../dom.js';
 import { gpus, hours, since } from '../format.js';
 
 const TOP_REFRESH_MS = 5000;
@@ -15,7 +15,7 @@ function allocations(rows) {
     { label: 'project', cell: (r) => r.project },
     { label: 'user', cell: (r) => r.user },
     { label: 'node', cell: (r) => r.node },
-    { label: 'job', cell: (r) => h('a', { href: `#/jobs/${encodeURIComponent(r.job)}` }, r.job.slice(0, 12)) },
+    { label: 'job', cell: (r) => idRef(r.job, `#/jobs/${encodeURIComponent(r.job)}`) },
     { label: 'GPUs', class: 'num', cell: (r) => gpus(r.gpus) },
     { label: 'models', cell: (r) => r.gpu_models.join(', ') },
     { label: 'for', class: 'num', cell: (r) => since(r.since) },
