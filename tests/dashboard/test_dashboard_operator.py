@@ -24,7 +24,7 @@ GATED = "gated"
 
 @pytest.fixture(scope="module")
 def gated(live: Live) -> str:
-    live.ok(live.operator.post("/queues", json={"name": GATED, "approval_above_gpus": "0.5",
+    live.ok(live.operator.post("/queues", json={"name": GATED, "org": "default", "approval_above_gpus": "0.5",
                                                 "limit": {"gpus": "0"}}), 201)
     return GATED
 
@@ -110,7 +110,7 @@ def test_the_queue_tree_is_drawn_by_parent(tab: Tab, live: Live) -> None:
     """Issue 43: child `sub` of `vision` was drawn under `nlp`, the queue before it by name."""
     for body in ({"name": "cv"}, {"name": "nlp"}, {"name": "sub", "parent": "cv"}, {"name": "deep", "parent": "sub"},
                  {"name": "ab", "parent": "nlp"}):
-        live.ok(live.operator.post("/queues", json=body), 201)
+        live.ok(live.operator.post("/queues", json={**body, "org": "default"}), 201)  # not shared with tenants
     tab.login(live.server.token)
     tab.go("queues")
     page = tab.page
