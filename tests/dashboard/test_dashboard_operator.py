@@ -142,7 +142,7 @@ def test_ids_are_short_with_the_whole_id_to_copy_and_sites_show_only_where_set(t
     expect(ref.locator(".id")).to_have_text(job_id[:12])
     expect(ref.locator(".id")).to_have_attribute("title", job_id)
     ref.locator("button.copy").click()
-    expect(ref.locator("button.copy")).to_have_text("✓")
+    expect(ref.locator("button.copy")).to_have_text("copied")
     assert page.evaluate("navigator.clipboard.readText()") == job_id
 
     tab.go(f"jobs/{job_id}")

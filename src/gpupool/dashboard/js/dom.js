@@ -106,12 +106,12 @@ export function idRef(id, href) {
   const attrs = { class: 'id', title: id, dataset: { id } };
   const text = href ? h('a', { ...attrs, href }, id.slice(0, SHORT_ID)) : h('code', attrs, id.slice(0, SHORT_ID));
   const copy = h('button', { type: 'button', class: 'icon copy', title: `Copy ${id}`, 'aria-label': 'Copy the whole id' },
-    '⧉');
+    'copy');
   copy.addEventListener('click', async () => {
     try {
       await navigator.clipboard.writeText(id);
-      copy.textContent = '✓';
-      setTimeout(() => { copy.textContent = '⧉'; }, 1500);
+      copy.textContent = 'copied';
+      setTimeout(() => { copy.textContent = 'copy'; }, 1500);
     } catch {
       text.textContent = id;
       window.getSelection().selectAllChildren(text);

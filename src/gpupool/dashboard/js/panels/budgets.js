@@ -20,7 +20,8 @@ export function burn(budget, now = Date.now()) {
 }
 
 function amount(value, unit) {
-  return unit === 'GPU-hours' ? `${hours(value)} GPU-hours` : money(value);
+  if (unit !== 'GPU-hours') return money(value);
+  return `${value ? hours(value) : '0'} GPU-hours`;
 }
 
 function bar(b) {
