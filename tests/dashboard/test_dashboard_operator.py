@@ -106,6 +106,26 @@ def test_only_those_allowed_to_decide_see_approve_and_deny(tab: Tab, live: Live,
     assert not tab.script_errors(), tab.errors
 
 
+def test_a_cordoned_node_needs_attention_until_uncordoned(tab: Tab, live: Live) -> None:
+    tab.login(live.server.token)
+    page = tab.page
+    tab.go("overview")
+    ready = page.locator("#nodes-ready .tile-value")
+    expect(ready).to_have_text("2 / 2")
+    expect(page.locator("#attention tbody tr")).to_have_count(0)
+    live.ok(live.operator.post("/nodes/node-b/cordon"))
+    try:
+        page.click("#attention button[aria-label=Reload]")
+        expect(ready).to_have_text("1 / 2")
+        expect(page.locator("#nodes-ready .tile-note")).to_have_text("1 cordoned")
+        expect(page.locator('#attention tr[data-node="node-b"] .badge')).to_have_text("cordoned")
+    finally:
+        live.ok(live.operator.post("/nodes/node-b/uncordon"))
+    page.click("#attention button[aria-label=Reload]")
+    expect(ready).to_have_text("2 / 2")
+    assert not tab.script_errors(), tab.errors
+
+
 def test_the_queue_tree_is_drawn_by_parent(tab: Tab, live: Live) -> None:
     """Issue 43: child `sub` of `vision` was drawn under `nlp`, the queue before it by name."""
     for body in ({"name": "cv"}, {"name": "nlp"}, {"name": "sub", "parent": "cv"}, {"name": "deep", "parent": "sub"},
