@@ -96,6 +96,7 @@ def test_only_those_allowed_to_decide_see_approve_and_deny(tab: Tab, live: Live,
     expect(page.locator("#cancel-job")).to_be_visible()  # a member may cancel its job, not approve it
     expect(page.locator("#job button[data-action]")).to_have_count(0)
     page.click("#logout")
+    expect(page).to_have_url(re.compile(r"#/login$"))  # signed out (the session revoked) before signing in again
 
     tab.login(live.server.token)  # an operator approves from the job's page
     tab.go(f"jobs/{job['id']}")
