@@ -180,6 +180,34 @@ def test_ids_are_short_with_the_whole_id_to_copy_and_sites_show_only_where_set(t
     assert not tab.script_errors(), tab.errors
 
 
+def _module(tab: Tab, path: str, call: str, arg: Any) -> Any:
+    """The JavaScript expression `call` of `m` (the dashboard's module `path`) and `arg`, evaluated in the page."""
+    return tab.page.evaluate(f"async (arg) => {{ const m = await import('/js/{path}'); return {call}; }}", arg)
+
+
+def test_trees_sites_and_burn_on_made_up_data(tab: Tab, live: Live) -> None:
+    """What a live pool of one organisation and no sites cannot show: queues of the same name in two organisations and
+    under a shared parent, nodes with and without a site, a budget's pace."""
+    tab.go("login")
+    expect(tab.page.locator("#token")).to_be_visible()
+    queues = [{"name": n, "org": o, "parent": p} for n, o, p in (
+        ("vision", "y", None), ("sub", "y", "vision"), ("nlp", "x", None), ("sub", "x", "vision"),
+        ("team", "x", "pool"), ("vision", "x", None), ("pool", None, None))]
+    order = _module(tab, "pages/queues.js", "m.treeOrder(arg).map((q) => [q.name, q.org, q.depth])", queues)
+    assert order == [["nlp", "x", 0], ["pool", None, 0], ["team", "x", 1], ["vision", "y", 0], ["sub", "y", 1],
+                     ["vision", "x", 0], ["sub", "x", 1]]
+    headings = "m.siteGroups(arg).map((g) => [g.heading, g.members.map((n) => n.name)])"
+    mixed = [{"name": "a", "site": ""}, {"name": "b", "site": "lab"}, {"name": "c", "site": ""}]
+    assert _module(tab, "pages/heatmap.js", headings, mixed) == [["site lab", ["b"]],
+                                                                  ["nodes without a site", ["a", "c"]]]
+    assert _module(tab, "pages/heatmap.js", headings, [{"name": "a", "site": ""}]) == [[None, ["a"]]]
+    budget = {"gpu_hours": 10, "cents": None, "used_gpu_hours": 2.5, "used_cents": 0,
+              "period_start": "2026-12-01T00:00:00", "period_end": "2026-12-05T00:00:00"}
+    burn = _module(tab, "panels/budgets.js", "m.burn(arg, Date.parse('2026-12-02T00:00:00Z'))", budget)
+    assert burn == {"used": 2.5, "limit": 10, "unit": "GPU-hours", "fraction": 0.25, "elapsed": 0.25, "pace": 1}
+    assert not tab.script_errors(), tab.errors
+
+
 @pytest.mark.xfail(strict=True, reason="needs admin-cli prefix resolution")
 def test_the_cli_accepts_the_short_id_the_dashboard_shows(live: Live, research: dict[str, Any]) -> None:
     env = {**os.environ, "GPUPOOL_URL": live.url, "GPUPOOL_TOKEN": live.server.token}

@@ -69,16 +69,22 @@ function legend(mode) {
     }), h('span', { class: 'muted small' }, text[1]));
 }
 
-function draw(nodes, mode) {
-  if (!nodes.length) return h('p', { class: 'muted empty' }, 'No nodes have joined yet.');
+/**
+ * The nodes grouped by site, named sites first: [{site, heading, members}]. Sites only where set: when no node names
+ * one, the one group has no heading; otherwise the nodes naming none come last, as "nodes without a site".
+ */
+export function siteGroups(nodes) {
   const sites = new Map();
   for (const node of nodes) sites.set(node.site, [...(sites.get(node.site) ?? []), node]);
-  // Sites only where set: a pool that names none shows its nodes without a heading.
   const named = sites.size > 1 || !sites.has('');
-  const groups = [...sites.entries()].sort(([a], [b]) => (!a - !b) || a.localeCompare(b)).map(([site, members]) =>
-    h('div', { class: 'site', dataset: { site } },
-      named ? h('h3', {}, site ? `site ${site}` : 'nodes without a site') : null,
-      h('div', { class: 'nodes' }, members.map((n) => nodeCard(n, mode)))));
+  return [...sites.entries()].sort(([a], [b]) => (!a - !b) || a.localeCompare(b)).map(([site, members]) => ({
+    site, members, heading: named ? (site ? `site ${site}` : 'nodes without a site') : null }));
+}
+
+function draw(nodes, mode) {
+  if (!nodes.length) return h('p', { class: 'muted empty' }, 'No nodes have joined yet.');
+  const groups = siteGroups(nodes).map(({ site, heading, members }) => h('div', { class: 'site', dataset: { site } },
+    heading ? h('h3', {}, heading) : null, h('div', { class: 'nodes' }, members.map((n) => nodeCard(n, mode)))));
   return [legend(mode), ...groups];
 }
 
