@@ -449,6 +449,7 @@ class NodeOut(_Response):
     drain_deadline: UtcTime | None = Field(default=None, description="when work still running on the draining "
                                                                      "node is evicted (None: it ends on its own)")
     removing: bool = Field(default=False, description="removed once its evicted work has stopped")
+    tasks: int = Field(default=0, description="tasks open there (starting, running or stopping)")
 
 
 class DrainRequest(_Request):

@@ -127,7 +127,9 @@ def _queue_out(session: Session, row: QueueRow, key: str, used: Counter[str] | d
 def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list[GpuTelemetry]]) -> list[api.NodeOut]:
     require(principal, "viewer")
     allocated: Counter[str] = Counter()
+    tasks: Counter[str] = Counter()
     for alloc in session.scalars(select(Allocation).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+        tasks[alloc.node_id] += 1
         for index, milli, _ in alloc.shares:
             allocated[f"{alloc.node_id}/{index}"] += milli
     out = []
@@ -143,7 +145,7 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
                                memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen,
                                untrusted_images=node.untrusted_images, jobs_as=node.jobs_as,
                                drain_since=node.drain_since, drain_deadline=node.drain_deadline,
-                               removing=node.remove_when_drained))
+                               removing=node.remove_when_drained, tasks=tasks[node.id]))
     return out
 
 
