@@ -125,9 +125,10 @@ class Draining:
         busy = {node_id for node_id, _ in open_rows}
         live = {node_id for node_id, state in open_rows if state != "stopping"}
         for node_id, name, deadline, remove in draining:
-            due = deadline is not None and aware(deadline) <= now
-            if due and node_id in live:
+            if deadline is None or aware(deadline) > now:
+                continue
+            if node_id in live:
                 self.lifecycle.evict_node(node_id, f"node {name} was drained and its deadline passed", epoch)
-            overdue = due and now - aware(deadline) > timedelta(seconds=self.wait_s)
-            if remove and due and (node_id not in busy or overdue):
+            overdue = now - aware(deadline) > timedelta(seconds=self.wait_s)
+            if remove and (node_id not in busy or overdue):
                 self.retire(node_id)
