@@ -1,7 +1,7 @@
 """`gpupool node drain | undrain | remove` and `gpupool nodes` against a live control plane (issue 43, item 2): a job
 placed on a registered node (no agent: it stays "starting" there), drained with a deadline, shown as draining, a
-removal refused naming it, dry runs that change nothing, undrain, and an empty node removed. No output carries a
-Python repr or a traceback."""
+removal refused naming it, dry runs that change nothing, undrain, and an empty node removed; each leaves its audit
+row. No output carries a Python repr or a traceback."""
 
 from __future__ import annotations
 
@@ -72,3 +72,9 @@ def test_drain_undrain_and_remove_from_the_cli(server: Server) -> None:
         register(c, "empty")
         assert "removed" in gpupool(server, "node", "remove", "empty")
         assert [n["name"] for n in c.get("/nodes").json()] == ["busy"]
+
+        audited = {(r["method"], r["route"], r["object_id"], r["status"])
+                   for r in c.get("/audit", params={"limit": 200}).json()["items"]}
+        node = "/api/v1/nodes/{name}"
+        assert {("POST", f"{node}/drain", "busy", 200), ("POST", f"{node}/undrain", "busy", 200),
+                ("DELETE", node, "busy", 409), ("DELETE", node, "empty", 200)} <= audited, audited
