@@ -13,6 +13,7 @@ timings scaled by 1/20 (kill grace 0.5 s):
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,11 @@ def test_remove_is_refused_while_busy_and_forced_remove_requeues(cluster: Cluste
     assert "spare" not in cluster.nodes()
     again = cluster.api.post("/agent/register", json=_registration(cluster, "spare"))
     assert again.status_code == 200 and again.json()["node_id"] == spare.json()["node_id"], again.text
+    back = cluster.api.post("/agent/register", json=_registration(cluster, "n0"))  # the force-removed name
+    assert back.status_code == 200, back.text
+    time.sleep(4 * float(SCALED["GPUPOOL_HEARTBEAT_S"]))  # monitor passes (one per heartbeat): not removed again
+    for name in ("spare", "n0"):
+        assert not cluster.nodes()[name]["cordoned"] and cluster.nodes()[name]["drain_since"] is None, name
     cluster.api.post(f"/jobs/{long}/cancel")
 
 

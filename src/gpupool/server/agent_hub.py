@@ -93,6 +93,7 @@ from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
 from gpupool.server.scheduler.lease import Fenced, SchedulerLease
 from gpupool.server.scheduler.liveness import LivenessGuard
 from gpupool.server.services.draining import REMOVED, Draining
+from gpupool.server.services.draining import clear as clear_drain
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.metering import meter
 from gpupool.server.settings import Settings
@@ -832,4 +833,6 @@ def _retire(session: Session, node_id: str, now: datetime, final: str) -> None:
     node = session.get(Node, node_id)
     if node is not None:
         node.state = final
+        if final == REMOVED:  # a node that joins again under the name starts afresh
+            clear_drain(node)
     session.execute(update(Gpu).where(Gpu.node_id == node_id, Gpu.retired_at.is_(None)).values(retired_at=now))
