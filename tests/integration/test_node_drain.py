@@ -8,7 +8,9 @@ timings scaled by 1/20 (kill grace 0.5 s):
    requeued and the node leaves the list once its agent has stopped the job (its allocation still names it); an
    empty node is removed at once and its name is free for a new join token;
 3. a drain's deadline is kept in the database: a control plane restarted before it still evicts at the deadline,
-   and the node still takes no new work.
+   and the node still takes no new work;
+4. a gang with a task on the drained node: both its tasks are stopped, and the job goes back to pending only once
+   both have (its attempts never overlap; the invariant checker runs after every test).
 """
 
 from __future__ import annotations
@@ -154,3 +156,28 @@ def test_a_drain_deadline_survives_a_control_plane_restart(tmp_path: Path):
         cluster.api.post(f"/jobs/{pair}/cancel")
         cluster.api.post(f"/jobs/{long}/cancel")
     assert cluster.violations == []
+
+
+def test_a_gang_evicted_from_a_drained_node_stops_everywhere_before_it_is_requeued(cluster: Cluster):
+    for name in ("g0", "g1"):
+        cluster.start_agent(name, "1xA100-80GB")
+    cluster.wait_ready(["g0", "g1"])
+    gang = cluster.submit(command=["sleep", "120"], gpus="1", tasks=2, name="gang")
+    cluster.wait_job(gang, ["running"])
+    assert {a["node"] for a in cluster.job(gang)["allocations"]} == {"g0", "g1"}
+
+    answer = cluster.api.post("/nodes/g0/drain", json={"deadline_s": 0})
+    assert answer.status_code == 200 and {w["job"] for w in answer.json()["work"]} == {gang}, answer.text
+    requeued = wait_for(lambda: _event(cluster, gang, "requeued"), 30, "the gang to be requeued")
+    evicted = _event(cluster, gang, "evicted")
+    assert evicted is not None and _at(evicted["at"]) <= _at(requeued["at"])
+    job = cluster.job(gang)
+    assert job["state"] == "pending" and job["attempt"] == 1, job  # g0 takes nothing: the gang cannot start
+    stopped = [a for a in job["allocations"] if a["attempt"] == 1]
+    assert len(stopped) == 2 and all(a["state"] == "released" for a in stopped), stopped
+    assert _at(requeued["at"]) >= max(_at(a["released_at"]) for a in stopped) - 0.01  # requeued after both stopped
+
+    assert cluster.api.post("/nodes/g0/undrain").status_code == 200
+    wait_for(lambda: cluster.job(gang)["attempt"] == 2 and cluster.job(gang)["state"] == "running", 30,
+             "the gang to run again once g0 is undrained")
+    cluster.api.post(f"/jobs/{gang}/cancel")
