@@ -171,7 +171,7 @@ def create_app(settings: Settings) -> FastAPI:
         loop.on_takeover = lambda: _take_over(db, cache, hub)
         hub.lifecycle, hub.binder, hub.loop = lifecycle, binder, asyncio.get_running_loop()
         hub.draining = draining.Draining(lifecycle, partial(_remove_node, app, hub),
-                                         settings.kill_grace_s + settings.suspect_after_s)
+                                         settings.kill_grace_s + settings.suspect_after_s, lambda: hub.reset_nodes)
         await asyncio.to_thread(_load_cache, db, cache, hub)
         app.state.scheduler, app.state.lifecycle = loop, lifecycle
         app.state.fair_shares = lambda: loop.fair_shares

@@ -15,7 +15,7 @@ Node states as operators see them: ready (or unreachable, lost) -> draining (cor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
 from fastapi import HTTPException
@@ -108,14 +108,17 @@ def removal(session: Session, principal: Principal, name: str, force: bool, dry_
 
 class Draining:
     """Enforces drains (see the module docstring); `retire(node_id)` removes a node (AgentHub.reset_node with
-    the state "removed")."""
+    the state "removed"); `resetting()` names the nodes a reset is taking out right now (AgentHub.reset_nodes)."""
 
-    def __init__(self, lifecycle: Lifecycle, retire: Callable[[str], object], wait_s: float) -> None:
-        self.lifecycle, self.retire, self.wait_s = lifecycle, retire, wait_s
+    def __init__(self, lifecycle: Lifecycle, retire: Callable[[str], object], wait_s: float,
+                 resetting: Callable[[], Collection[str]] = frozenset) -> None:
+        self.lifecycle, self.retire, self.wait_s, self.resetting = lifecycle, retire, wait_s, resetting
 
     def enforce(self, now: datetime, epoch: int | None = None) -> None:
-        """One pass: evict the running work of draining nodes past their deadline; retire the nodes being removed
-        that run nothing any more, or whose work was told to stop more than `wait_s` ago."""
+        """One pass: the scheduler's cache follows the nodes' rows (`follow`); evict the running work of draining
+        nodes past their deadline; retire the nodes being removed that run nothing any more, or whose work was told
+        to stop more than `wait_s` ago."""
+        self.follow()
         with self.lifecycle.db.session() as session:
             draining = session.execute(select(Node.id, Node.name, Node.drain_deadline, Node.remove_when_drained)
                                        .where(Node.drain_since.is_not(None), Node.state != REMOVED)).all()
@@ -132,3 +135,14 @@ class Draining:
             overdue = now - aware(deadline) > timedelta(seconds=self.wait_s)
             if remove and (node_id not in busy or overdue):
                 self.retire(node_id)
+
+    def follow(self) -> None:
+        """Make the scheduler's cache take each node as its row says (ready and not cordoned: schedulable): a drain,
+        undrain or cordon that a standby control plane answered reaches the leader's scheduler within a pass. Nodes
+        a reset is taking out are left alone (the reset marks them unschedulable before its row changes)."""
+        with self.lifecycle.db.session() as session:
+            rows = session.execute(select(Node.id, Node.name, Node.state, Node.cordoned)).all()
+        skip = set(self.resetting())
+        for node_id, name, state, cordoned in rows:
+            if node_id not in skip:
+                self.lifecycle.cache.set_schedulable(name, state == "ready" and not cordoned)
