@@ -164,6 +164,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PUT /api/v1/orgs/{name}/ceiling", ""): {"max_priority": 0},
     ("PUT /api/v1/orgs/{name}/ceiling", "guaranteed"): {"guaranteed": {"gpus": "1"}},
     ("POST /api/v1/budgets", ""): {"scope": "project", "name": "default", "gpu_hours": 10},
+    ("POST /api/v1/nodes/{name}/drain", ""): {"deadline_s": 60, "dry_run": True},
 }
 # Server-owned names a client might try to set (S3), and a plain typo.
 UNKNOWN = ("colour", "tenant_id", "org_id", "project_id", "owner", "status", "state", "node_id", "gpu_ids", "quota",
@@ -247,6 +248,8 @@ HOSTILE = [  # (id, method, path, query, JSON body or raw bytes, expected status
     ("NUL in a job id", "GET", "/jobs/%00", None, None, None, ""),
     ("NUL in a token id", "DELETE", "/tokens/%00", None, None, None, ""),
     ("NUL in a node name", "POST", "/nodes/%00/cordon", None, None, None, ""),
+    ("NUL in a node name to drain", "POST", "/nodes/%00/drain", None, {"deadline_s": 1}, None, ""),
+    ("NUL in a node name to remove", "DELETE", "/nodes/%00", {"force": "true"}, None, None, ""),
     ("NUL in a job list filter", "GET", "/jobs", {"queue": NUL}, None, None, ""),
     ("NUL in a job name", "POST", "/jobs", None, {"command": ["true"], "name": f"a{NUL}b"}, None, ""),
     ("NUL in a job's queue", "POST", "/jobs", None, {"command": ["true"], "queue": NUL}, None, ""),

@@ -156,6 +156,11 @@ class World:
     def join_token(self) -> str:
         return _ok(self.operator.post("/join-tokens", json={}), 201)["token"]
 
+    def fresh_node(self) -> str:
+        name = unique("gone")
+        _register(self.operator, name, gpus=0)
+        return name
+
     def fresh_queue(self) -> str:
         name = unique("q")
         _ok(self.operator.post("/queues", json={"name": name, "org": self.a.org}), 201)
@@ -359,6 +364,12 @@ CASES = [
          lambda c, t, w: c.post(f"/nodes/{w.node}/reset"), 403, 403),
     Case("POST /api/v1/nodes/{name}/down", "the node A's job runs on (its work would be requeued)",
          lambda c, t, w: c.post(f"/nodes/{w.node}/down"), 403, 403),
+    Case("POST /api/v1/nodes/{name}/drain", "the node A's job runs on (its work would be evicted now)",
+         lambda c, t, w: c.post(f"/nodes/{w.node}/drain", json={"deadline_s": 0}), 403, 403),
+    Case("POST /api/v1/nodes/{name}/undrain", "the node A's job runs on",
+         lambda c, t, w: c.post(f"/nodes/{w.node}/undrain"), 403, 403),
+    Case("DELETE /api/v1/nodes/{name}", "the node A's job runs on, forced (its work would be requeued)",
+         lambda c, t, w: c.delete(f"/nodes/{w.node}", params={"force": True}), 403, 403),
     Case("GET /api/v1/top", "who uses what", lambda c, t, w: c.get("/top"), 200, 200),
     Case("POST /api/v1/agent/register", "take over A's node with a user token, no join token",
          lambda c, t, w: c.post("/agent/register", json=registration(f"{t.org}-join.secret", w.node, 8)), 401, 401),
@@ -616,6 +627,12 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
         (403, 403, 403, 403, 200, 403, 401)),
     Row("POST /api/v1/nodes/{name}/down", "a node never registered: the role passes, the name is unknown",
         lambda c, r, w: c.post("/nodes/never-registered/down"), (403, 403, 403, 403, 404, 403, 401)),
+    Row("POST /api/v1/nodes/{name}/drain", "", lambda c, r, w: c.post(f"/nodes/{w.spare}/drain", json={}),
+        (403, 403, 403, 403, 200, 403, 401)),
+    Row("POST /api/v1/nodes/{name}/undrain", "", lambda c, r, w: c.post(f"/nodes/{w.spare}/undrain"),
+        (403, 403, 403, 403, 200, 403, 401)),
+    Row("DELETE /api/v1/nodes/{name}", "an empty node joined for the call",
+        lambda c, r, w: c.delete(f"/nodes/{w.fresh_node()}"), (403, 403, 403, 403, 200, 403, 401)),
     Row("GET /api/v1/top", "", lambda c, r, w: c.get("/top"), (*USERS, 403, 401)),
     Row("POST /api/v1/agent/register", "with a fresh join token (it, not the bearer, authenticates)",
         lambda c, r, w: c.post("/agent/register", json=registration(w.join_token(), unique("node"))), (200,) * 7),

@@ -9,6 +9,7 @@ import uuid
 import typer
 
 from gpupool.cli.client import ApiError, Client, save_config
+from gpupool.cli.node_state import state_text
 from gpupool.cli.render import console, error, show
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
@@ -256,6 +257,7 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
         node["gpu_summary"] = ", ".join(f"{g['model']}:{g['allocated_milli'] / 1000:g}" for g in node["gpus"])
         if not as_json:
             node["jobs_as"] = JOBS_AS.get(node.get("jobs_as", ""), "unknown")
+            node["state"] = state_text(node)
     show(data, as_json, [("node", "name"), ("state", "state"), ("cordoned", "cordoned"), ("jobs as", "jobs_as"),
                          ("GPUs (model:allocated)", "gpu_summary"), ("last seen", "last_seen")], title="nodes")
 

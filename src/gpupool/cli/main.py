@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gpupool.cli import admin, billing, cluster, sim, up
+from gpupool.cli import admin, billing, cluster, node_ops, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="gpupool: pool every GPU of an organisation and hand it out dynamically.")
@@ -19,6 +19,10 @@ app.command()(cluster.queues)
 app.add_typer(cluster.queue_app, name="queue")
 app.command()(cluster.nodes)
 app.add_typer(cluster.node_app, name="node")
+cluster.node_app.command("drain")(node_ops.drain)
+cluster.node_app.command("undrain")(node_ops.undrain)
+cluster.node_app.command("resume", hidden=True)(node_ops.undrain)
+cluster.node_app.command("remove")(node_ops.remove)
 app.command()(cluster.top)
 app.command()(cluster.login)
 app.add_typer(cluster.token_app, name="join-token")

@@ -92,6 +92,8 @@ from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
 from gpupool.server.scheduler.lease import Fenced, SchedulerLease
 from gpupool.server.scheduler.liveness import LivenessGuard
+from gpupool.server.services.draining import REMOVED, Draining
+from gpupool.server.services.draining import clear as clear_drain
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.metering import meter
 from gpupool.server.settings import Settings
@@ -153,6 +155,7 @@ class AgentHub:
         self._warned_at = float("-inf")
         self.lifecycle: Lifecycle | None = None
         self.binder: Binder | None = None
+        self.draining: Draining | None = None  # set by create_app: drains' deadlines and removals
         self.job_logs = JobLogs(settings.data_dir / "logs", settings.max_log_bytes_per_job)
 
     # orders out ------------------------------------------------------------------------------
@@ -223,11 +226,12 @@ class AgentHub:
             _claimable(session, reg)  # says what a registration committed meanwhile took, if it can see it
             raise HTTPException(409, "name, gpus: taken by another registration at the same moment") from None
 
-    def reset_node(self, node_id: str) -> int:
-        """Take `node_id`'s identity back (an operator's `node reset`); returns the jobs requeued. In order: no new
-        work is placed there; its certificates and credential are revoked and its channels closed (their frames
-        still in flight are dropped); its open work is released and requeued as for a lost node; then the node is
-        marked "reset" (its name is free for a join token) and its GPU rows retired."""
+    def reset_node(self, node_id: str, final: str = "reset") -> int:
+        """Take `node_id`'s identity back (an operator's `node reset`, or `node remove` with `final` "removed");
+        returns the jobs requeued. In order: no new work is placed there; its certificates and credential are
+        revoked and its channels closed (their frames still in flight are dropped); its open work is released and
+        requeued as for a lost node; then the node is marked `final` (its name is free for a join token) and its GPU
+        rows retired."""
         entry = next((e for e in self.cache.nodes.values() if e.node_id == node_id), None)
         if entry is not None:
             self.cache.set_schedulable(entry.spec.name, False)
@@ -239,9 +243,9 @@ class AgentHub:
         assert self.lifecycle is not None
         requeued = self.lifecycle.node_lost(node_id, None)
         with self.db.session() as session:
-            _retire(session, node_id, datetime.now(UTC))
+            _retire(session, node_id, datetime.now(UTC), final)
         self.reload_nodes()
-        log.warning("node %s reset: identity revoked, %d job(s) requeued, its name is free", node_id, requeued)
+        log.warning("node %s %s: identity revoked, %d job(s) requeued, its name is free", node_id, final, requeued)
         return requeued
 
     def _forget(self, node_id: str) -> None:
@@ -519,7 +523,7 @@ class AgentHub:
     def _mark_seen(self, node_id: str) -> None:
         with self.db.session() as session:
             node = session.get(Node, node_id)
-            if node is not None and node.state not in ("ready", "reset"):
+            if node is not None and node.state not in ("ready", "reset", REMOVED):
                 node.state = "ready"
                 changed = True
             else:
@@ -598,6 +602,9 @@ class AgentHub:
                 await asyncio.to_thread(self.check_liveness, time.monotonic())
                 assert self.lifecycle is not None
                 await asyncio.to_thread(self.lifecycle.enforce_limits, time.time())
+                if self.draining is not None:
+                    await asyncio.to_thread(self.draining.enforce, datetime.now(UTC),
+                                            self.lease.epoch if self.lease is not None else None)
                 await asyncio.to_thread(self._reclaim_idle, time.monotonic())
                 if time.monotonic() - last_metered >= self.settings.metering_interval_s:
                     await asyncio.to_thread(self.meter_and_sample)
@@ -745,7 +752,7 @@ class AgentHub:
     def _set_state(self, node_id: str, state: str) -> None:
         with self.db.session() as session:
             node = session.get(Node, node_id)
-            if node is None or node.state == "reset":
+            if node is None or node.state in ("reset", REMOVED):
                 return
             changed, node.state, name = node.state != state, state, node.name
         if changed or state == "lost":  # node_lost wrote "lost" itself: take the node out of the cache here
@@ -771,7 +778,7 @@ def _claimable(session: Session, reg: Registration) -> Node | None:
     """The reset node `reg` may take (None: the name is new). 409 naming `name` when a node holds the name and was
     not reset (nothing else about it is said), or `gpus[i].uuid` when a GPU in service on another node has it."""
     node = session.scalar(select(Node).where(Node.name == reg.name))
-    if node is not None and node.state != "reset":
+    if node is not None and node.state not in ("reset", REMOVED):
         raise HTTPException(409, NAME_TAKEN)
     uuids = {gpu.uuid: i for i, gpu in enumerate(reg.gpus)}
     taken = session.scalars(select(Gpu.uuid).where(Gpu.uuid.in_(list(uuids)), Gpu.retired_at.is_(None))).all()
@@ -821,9 +828,11 @@ def _revoke_identity(session: Session, node_id: str, now: datetime) -> None:
     session.execute(update(Token).where(Token.node_id == node_id, Token.revoked_at.is_(None)).values(revoked_at=now))
 
 
-def _retire(session: Session, node_id: str, now: datetime) -> None:
-    """Mark `node_id` reset (its name free for a join token) and take its GPUs out of service."""
+def _retire(session: Session, node_id: str, now: datetime, final: str) -> None:
+    """Mark `node_id` `final` (reset or removed: its name free for a join token) and take its GPUs out of service."""
     node = session.get(Node, node_id)
     if node is not None:
-        node.state = "reset"
+        node.state = final
+        if final == REMOVED:  # a node that joins again under the name starts afresh
+            clear_drain(node)
     session.execute(update(Gpu).where(Gpu.node_id == node_id, Gpu.retired_at.is_(None)).values(retired_at=now))

@@ -50,11 +50,12 @@ from gpupool.server.keyring import Keyring, KeyringError
 from gpupool.server.metrics import Metrics
 from gpupool.server.routers import api, sessions, usage
 from gpupool.server.routers import audit as audit_routes
+from gpupool.server.routers import nodes as nodes_routes
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, running_task
 from gpupool.server.scheduler.lease import SchedulerLease, holder_id
 from gpupool.server.scheduler.loop import SchedulerLoop
-from gpupool.server.services import audit
+from gpupool.server.services import audit, draining
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.tenancy import bootstrap
 from gpupool.server.settings import Settings
@@ -142,6 +143,12 @@ def _take_over(db: Database, cache: ClusterCache, hub: AgentHub) -> None:
     hub.took_over()
 
 
+def _remove_node(app: FastAPI, hub: AgentHub, node_id: str) -> None:
+    """Retire a node being removed (services.draining); this process forgets its credential at once."""
+    hub.reset_node(node_id, draining.REMOVED)
+    app.state.principals.clear()
+
+
 def create_app(settings: Settings) -> FastAPI:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url)
@@ -163,6 +170,8 @@ def create_app(settings: Settings) -> FastAPI:
         lifecycle = Lifecycle(db, cache, hub, loop.wake, settings.kill_grace_s, fence=lease.fence)
         loop.on_takeover = lambda: _take_over(db, cache, hub)
         hub.lifecycle, hub.binder, hub.loop = lifecycle, binder, asyncio.get_running_loop()
+        hub.draining = draining.Draining(lifecycle, partial(_remove_node, app, hub),
+                                         settings.kill_grace_s + settings.suspect_after_s, lambda: hub.reset_nodes)
         await asyncio.to_thread(_load_cache, db, cache, hub)
         app.state.scheduler, app.state.lifecycle = loop, lifecycle
         app.state.fair_shares = lambda: loop.fair_shares
@@ -185,6 +194,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.principals, app.state.keyring = {}, keyring
     _guard(app, settings, db, metrics)
     app.include_router(api.router)
+    app.include_router(nodes_routes.router)
     app.include_router(sessions.router)
     app.include_router(usage.router)
     app.include_router(audit_routes.router)

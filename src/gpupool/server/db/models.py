@@ -180,6 +180,11 @@ class Node(Base):
     untrusted_images: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     #: who the node's process jobs run as, as its agent says (protocol.agent.JobsAs)
     jobs_as: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
+    #: draining (services.draining): since when it takes no new work (it is cordoned too), when what still runs
+    #: there is evicted (None: never, it ends on its own), and whether the node is removed once empty
+    drain_since: Mapped[datetime | None] = mapped_column()
+    drain_deadline: Mapped[datetime | None] = mapped_column()
+    remove_when_drained: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class AgentCertificate(Base):

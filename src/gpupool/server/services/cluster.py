@@ -133,11 +133,13 @@ def _queue_out(session: Session, row: QueueRow, key: str, used: Counter[str] | d
 def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list[GpuTelemetry]]) -> list[api.NodeOut]:
     require(principal, "viewer")
     allocated: Counter[str] = Counter()
+    tasks: Counter[str] = Counter()
     for alloc in session.scalars(select(Allocation).where(Allocation.state.in_(OPEN_ALLOCATION_STATES))):
+        tasks[alloc.node_id] += 1
         for index, milli, _ in alloc.shares:
             allocated[f"{alloc.node_id}/{index}"] += milli
     out = []
-    for node in session.scalars(select(Node).order_by(Node.name)):
+    for node in session.scalars(select(Node).where(Node.state != "removed").order_by(Node.name)):
         tele = {t.uuid: t for t in telemetry.get(node.id, [])}
         gpus = [api.GpuOut(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
                            allocated_milli=allocated[f"{node.id}/{g.index}"],
@@ -147,23 +149,27 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
                                              .order_by(Gpu.index))]
         out.append(api.NodeOut(name=node.name, state=node.state, cordoned=node.cordoned, cpu_milli=node.cpu_milli,
                                memory_mib=node.memory_mib, site=node.site, gpus=gpus, last_seen=node.last_seen,
-                               untrusted_images=node.untrusted_images, jobs_as=node.jobs_as))
+                               untrusted_images=node.untrusted_images, jobs_as=node.jobs_as,
+                               drain_since=node.drain_since, drain_deadline=node.drain_deadline,
+                               removing=node.remove_when_drained, tasks=tasks[node.id]))
     return out
 
 
 def set_cordon(session: Session, principal: Principal, name: str, cordoned: bool) -> Node:
     require(principal, "operator")
-    node = session.scalar(select(Node).where(Node.name == name))
+    node = session.scalar(select(Node).where(Node.name == name, Node.state != "removed"))
     if node is None:
         raise HTTPException(404, f"node {name!r} not found")
     node.cordoned = cordoned
+    if not cordoned:  # a drained node takes work again too (services.draining)
+        node.drain_since, node.drain_deadline, node.remove_when_drained = None, None, False
     return node
 
 
 def operator_node_id(session: Session, principal: Principal, name: str) -> str:
     """The id of the node `name` an operator resets or marks down (AgentHub does it); 404 for an unknown name."""
     require(principal, "operator")
-    node_id = session.scalar(select(Node.id).where(Node.name == name))
+    node_id = session.scalar(select(Node.id).where(Node.name == name, Node.state != "removed"))
     if node_id is None:
         raise HTTPException(404, f"node {name!r} not found")
     return node_id

@@ -122,6 +122,9 @@ class Lifecycle:
         if status.state in ("fenced", "refused") or allocation.release_reason == "preempted":
             self._requeue(session, job, allocation.attempt,
                           f"task {allocation.task_index}: {status.state} {status.message}".strip())
+        elif allocation.release_reason == "drained":  # evicted (evict_node): requeued once every task has stopped
+            if not self._open(session, job.id, job.attempt):
+                self._requeue(session, job, allocation.attempt, "evicted from a drained node; every task stopped")
         elif status.state == "failed" or (status.exit_code or 0) != 0:
             why = f"task {allocation.task_index}: {status.message}" if status.message else ""
             self._finish(session, job, allocation.attempt, "failed", status.exit_code, why)
@@ -278,6 +281,28 @@ class Lifecycle:
             self.cache.release(allocation_id)
         self.wake()
         return requeued
+
+    def evict_node(self, node_id: str, why: str, epoch: int | None = None) -> list[str]:
+        """Evict every job with a task starting or running on `node_id` (a drain's deadline, a forced remove): in
+        one transaction, fenced by `epoch` like node_lost, each such job placed at that attempt gets an "evicted"
+        event saying `why`, and every open task of the attempt, here or on other nodes of its gang, a stop order
+        with the pool's kill grace once the transaction commits (reason "drained"). The job goes back to pending
+        when its last task of the attempt has reported its exit (`_ended`), so that no two attempts ever run (or
+        bill) at once; a node that never reports is declared lost, which requeues it too. Returns the jobs
+        evicted, sorted."""
+        evicted = []
+        with self.db.session() as session:
+            if epoch is not None and self.fence is not None:
+                self.fence(session, epoch)
+            rows = session.execute(select(Allocation.job_id, Allocation.attempt).where(
+                Allocation.node_id == node_id, Allocation.state.in_(("starting", "running")))).all()
+            for job_id, attempt in sorted(set(rows)):
+                job = session.get(Job, job_id, with_for_update=True)
+                if job is not None and job.attempt == attempt and job.state in PLACED:
+                    session.add(JobEvent(job_id=job.id, kind="evicted", message=f"{why}; requeued once stopped"))
+                    self._stop_all(session, job, "drained", attempt)
+                    evicted.append(job.id)
+        return evicted
 
     def enforce_limits(self, now: float) -> None:
         """End as failed every placed job whose current attempt has held its grant past the job's runtime limit,

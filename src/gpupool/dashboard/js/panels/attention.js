@@ -8,7 +8,7 @@ import { since } from '../format.js';
 /** What is wrong with a node, as badges' words: its state unless ready, and cordoned or draining. */
 export function troubles(node) {
   const out = node.state === 'ready' ? [] : [node.state];
-  if (node.draining && node.state !== 'draining') out.push('draining');
+  if (node.drain_since && node.state !== 'draining') out.push('draining');
   if (node.cordoned) out.push('cordoned');
   return out;
 }
