@@ -220,7 +220,7 @@ def _build(server: Server) -> World:
     return w
 
 
-def _until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+def _until(condition: Callable[[], bool], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "the world did not come about"
