@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from typing import Any
 
 import typer
+from rich.markup import escape
 
 from gpupool.cli.client import ApiError, Client, save_config
-from gpupool.cli.render import console, error, show
+from gpupool.cli.render import console, error, line, quota, show, text
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
                ("gpus", "gpus"), ("tasks", "tasks"), ("attempt", "attempt"), ("submitted", "submitted_at")]
@@ -135,15 +137,20 @@ def job_show(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None
     show(job, True) if as_json else _print_job(job)
 
 
-def _print_job(job: dict[str, object]) -> None:
+def _print_job(job: dict[str, Any]) -> None:
     for key in ("id", "name", "project", "user", "queue", "state", "attempt", "gpus", "tasks", "command",
                 "secret_env", "submitted_at", "started_at", "finished_at", "exit_code"):
-        console.print(f"[bold]{key:>13}[/bold]  {job.get(key)}")
+        value = " ".join(job[key]) if key == "command" and isinstance(job.get(key), list) else text(job.get(key))
+        _field(key, value)
     if job.get("reason"):
-        console.print(f"[bold]{'why pending':>13}[/bold]  {job['reason']['message']}")  # type: ignore[index]
-    for alloc in job.get("allocations", []):  # type: ignore[union-attr]
-        console.print(f"{'':>15}task {alloc['task_index']} attempt {alloc['attempt']} on {alloc['node']}: "
-                      f"{alloc['state']} GPUs {alloc['gpus']}")
+        _field("why pending", job["reason"]["message"])
+    for alloc in job.get("allocations", []):
+        line(f"{'':>15}task {alloc['task_index']} attempt {alloc['attempt']} on {alloc['node']}: "
+             f"{alloc['state']} GPUs {text(alloc['gpus'])}")
+
+
+def _field(name: str, value: str) -> None:
+    console.print(f"[bold]{name:>13}[/bold]  {escape(value)}", soft_wrap=True, highlight=False)
 
 
 @job_app.command("cancel")
@@ -194,17 +201,19 @@ def job_logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f"), 
 
 
 @job_app.command("approve")
-def job_approve(job_id: str, note: str = typer.Option("")) -> None:
+def job_approve(job_id: str, note: str = typer.Option(""), as_json: bool = typer.Option(False, "--json")) -> None:
     try:
-        console.print(f"job {job_id}: {Client().post(f'/jobs/{job_id}/approve', {'note': note})['state']}")
+        job = Client().post(f"/jobs/{job_id}/approve", {"note": note})
+        show(job, True) if as_json else line(f"job {job_id}: {job['state']}")
     except ApiError as exc:
         fail(exc)
 
 
 @job_app.command("deny")
-def job_deny(job_id: str, note: str = typer.Option("")) -> None:
+def job_deny(job_id: str, note: str = typer.Option(""), as_json: bool = typer.Option(False, "--json")) -> None:
     try:
-        console.print(f"job {job_id}: {Client().post(f'/jobs/{job_id}/deny', {'note': note})['state']}")
+        job = Client().post(f"/jobs/{job_id}/deny", {"note": note})
+        show(job, True) if as_json else line(f"job {job_id}: {job['state']}")
     except ApiError as exc:
         fail(exc)
 
@@ -235,9 +244,91 @@ def queue_create(name: str, parent: str | None = typer.Option(None), guaranteed_
     if limit_gpus:
         body["limit"] = {"gpus": limit_gpus}
     try:
-        show(Client().post("/queues", {k: v for k, v in body.items() if v is not None}), True)
+        queue = Client().post("/queues", {k: v for k, v in body.items() if v is not None})
     except ApiError as exc:
         fail(exc)
+        return
+    show(queue, True) if as_json else print_queue("created", queue)
+
+
+def print_queue(done: str, queue: dict[str, Any]) -> None:
+    """A queue in words, after `done` (created, updated), and the API's warnings (a guarantee above capacity)."""
+    where = f" under {queue['parent']}" if queue.get("parent") else " at the top"
+    org = f" of organisation {queue['org']}" if queue.get("org") else " (shared)"
+    line(f"{done} queue {queue['name']}{org}{where}: guaranteed {quota(queue.get('guaranteed'))}, limit "
+         f"{quota(queue.get('limit')) if queue.get('limit') else 'none'}, over-quota weight "
+         f"{queue['over_quota_weight']}, priority {queue['priority']}")
+    for warning in queue.get("warnings", []):
+        line(f"warning: {warning}")
+
+
+@queue_app.command("update")
+def queue_update(name: str, org: str | None = typer.Option(None, help="the queue's organisation (operators)"),
+                 guaranteed_gpus: str | None = None, guaranteed_cpus: str | None = None,
+                 limit_gpus: str | None = None, no_limit: bool = typer.Option(False, "--no-limit", help="remove "
+                                                                                  "its limit"),
+                 weight: int | None = typer.Option(None, min=0), priority: int | None = None,
+                 approval_above_gpus: str | None = None,
+                 max_disconnect: int | None = typer.Option(None, min=1, help="seconds (see queue create)"),
+                 dry_run: bool = typer.Option(False, "--dry-run", help="say what would change, change nothing"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Change a queue's guarantee, limit, weight, priority or approval threshold. The quota tree is checked: a
+    child never guarantees more than its parent allows; a guarantee above the pool's capacity is warned about (or
+    refused, by the setting quota_above_capacity)."""
+    client = Client()
+    try:
+        current = _queue(client, name, org)
+        body: dict[str, Any] = {"over_quota_weight": weight, "priority": priority,
+                                "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect}
+        body = {k: v for k, v in body.items() if v is not None}
+        given = {"gpus": guaranteed_gpus, "cpus": guaranteed_cpus}
+        if any(v is not None for v in given.values()):
+            body["guaranteed"] = {**current["guaranteed"], **{k: v for k, v in given.items() if v is not None}}
+        if no_limit or limit_gpus is not None:
+            body["limit"] = None if no_limit else {**(current["limit"] or {}), "gpus": limit_gpus}
+        out = client.patch(f"/queues/{name}", body, org=org, dry_run=dry_run or None)
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(out, True) if as_json else print_change(out, "queue", name)
+
+
+@queue_app.command("delete")
+def queue_delete(name: str, org: str | None = typer.Option(None, help="the queue's organisation (operators)"),
+                 move_to: str | None = typer.Option(None, help="the queue its waiting jobs move to"),
+                 dry_run: bool = typer.Option(False, "--dry-run", help="say what would change, change nothing"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Delete a queue (and its budget). Refused while it has child queues or placed jobs; its waiting jobs move to
+    --move-to."""
+    try:
+        out = Client().delete(f"/queues/{name}", org=org, move_to=move_to, dry_run=dry_run or None)
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(out, True) if as_json else print_change(out, "queue", name)
+
+
+def _queue(client: Client, name: str, org: str | None) -> dict[str, Any]:
+    """The queue `name` (of `org`) as GET /queues shows it to the caller."""
+    found = [q for q in client.get("/queues") if q["name"] == name and (org is None or q["org"] == org)]
+    if not found:
+        raise ApiError(404, f"queue {name!r} not found")
+    return dict(next((q for q in found if q["org"] is None), found[0]))
+
+
+def print_change(out: dict[str, Any], what: str, name: str) -> None:
+    """A change's answer (api.QueueChange, api.BudgetChange) in words: what changed or (dry run) would change."""
+    lead = "would change" if out["dry_run"] else "changed"
+    changes = out["changes"] or ["nothing"]
+    line(f"{what} {name}: {lead} " + ("" if len(changes) > 1 else changes[0]))
+    for change in changes if len(changes) > 1 else []:
+        line(f"  {change}")
+    if out.get("jobs_moved"):
+        line(f"  jobs {'that would move' if out['dry_run'] else 'moved'}: {', '.join(out['jobs_moved'])}")
+    for warning in out.get("warnings", []):
+        line(f"warning: {warning}")
+    if out["dry_run"]:
+        line("(dry run: nothing was changed)")
 
 
 #: how `gpupool nodes` shows who a node's process jobs run as (protocol.agent.JobsAs)
@@ -261,29 +352,38 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @node_app.command("cordon")
-def node_cordon(name: str) -> None:
+def node_cordon(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     try:
-        Client().post(f"/nodes/{name}/cordon")
+        nodes = Client().post(f"/nodes/{name}/cordon")
+        if as_json:
+            show(nodes, True)
+            return
         console.print(f"node {name} cordoned: no new work")
     except ApiError as exc:
         fail(exc)
 
 
 @node_app.command("uncordon")
-def node_uncordon(name: str) -> None:
+def node_uncordon(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     try:
-        Client().post(f"/nodes/{name}/uncordon")
+        nodes = Client().post(f"/nodes/{name}/uncordon")
+        if as_json:
+            show(nodes, True)
+            return
         console.print(f"node {name} uncordoned")
     except ApiError as exc:
         fail(exc)
 
 
 @node_app.command("reset")
-def node_reset(name: str) -> None:
+def node_reset(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Take a node's identity back (operators): its certificates and credential are revoked, its agent cut off, its
     work requeued; a new join token may then register the name (a reinstalled or replaced machine)."""
     try:
-        Client().post(f"/nodes/{name}/reset")
+        nodes = Client().post(f"/nodes/{name}/reset")
+        if as_json:
+            show(nodes, True)
+            return
         console.print(f"node {name} reset: its agent is cut off and its work requeued; an agent may join as {name} "
                       "with a new join token")
     except ApiError as exc:
@@ -291,11 +391,14 @@ def node_reset(name: str) -> None:
 
 
 @node_app.command("down")
-def node_down(name: str) -> None:
+def node_down(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Say a node is dead (operators): its work is requeued now rather than after its max_disconnect. Only for a
     machine you know is off: work still running there would run twice. Refused while its agent is connected."""
     try:
-        Client().post(f"/nodes/{name}/down")
+        nodes = Client().post(f"/nodes/{name}/down")
+        if as_json:
+            show(nodes, True)
+            return
         console.print(f"node {name} marked down: its work is requeued; it takes work again when its agent returns")
     except ApiError as exc:
         fail(exc)
@@ -323,6 +426,20 @@ def login(url: str = typer.Option(..., help="control plane URL"),
     console.print(f"logged in as {who['user']} ({who['role']}, organisation {who['org']}); saved to {path}")
 
 
+def whoami(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Who the saved (or GPUPOOL_TOKEN's) token speaks for: user, role, organisation and projects."""
+    try:
+        who = Client().get("/whoami")
+    except ApiError as exc:
+        fail(exc)
+        return
+    if as_json:
+        show(who, True)
+        return
+    projects = ", ".join(who["projects"]) or "none (an admin sees all of the organisation's)"
+    line(f"{who['user']} ({who['role']}) of organisation {who['org']}; projects: {projects}")
+
+
 @token_app.command("create")
 def join_token_create(ttl: int = typer.Option(3600, min=60, max=86400, help="seconds"),
                       as_json: bool = typer.Option(False, "--json")) -> None:
@@ -335,6 +452,7 @@ def join_token_create(ttl: int = typer.Option(3600, min=60, max=86400, help="sec
     if as_json:
         show(out, True)
     else:
-        console.print(f"{out['token']}\n(single use, expires {out['expires_at']})")
+        line(out["token"])
+        line(f"(single use, expires {out['expires_at']})")
         if out.get("ca_hash"):
-            console.print(f"pin the control plane on the node with: --ca-hash {out['ca_hash']}")
+            line(f"pin the control plane on the node with: --ca-hash {out['ca_hash']}")

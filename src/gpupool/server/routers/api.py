@@ -129,7 +129,8 @@ def create_join_token(body: api.JoinTokenCreate, who: Caller, db: Db, request: R
 
 @router.post("/queues", response_model=api.QueueOut, status_code=201, tags=["queues"])
 async def create_queue(body: api.QueueCreate, who: Caller, request: Request) -> api.QueueOut:
-    out = await _in_one_call(request.app.state.db, lambda session: cluster.create_queue(session, who, body))
+    mode = request.app.state.settings.quota_above_capacity
+    out = await _in_one_call(request.app.state.db, lambda session: cluster.create_queue(session, who, body, mode))
     request.app.state.scheduler.wake()
     return out
 
