@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 from rich.markup import escape
 
+from gpupool.cli import ids
 from gpupool.cli.client import ApiError, Client, save_config
 from gpupool.cli.render import console, error, line, quota, show, text
 
@@ -19,11 +22,37 @@ job_app = typer.Typer(no_args_is_help=True, help="Inspect or change one job.")
 queue_app = typer.Typer(no_args_is_help=True, help="Manage queues.")
 node_app = typer.Typer(no_args_is_help=True, help="Operate nodes.")
 token_app = typer.Typer(no_args_is_help=True, help="Join tokens for new agents.")
+T = TypeVar("T")
+JOB_ID = typer.Argument(..., help="the job's id or a unique prefix of it (the 12 characters tables show)")
 
 
 def fail(exc: ApiError) -> None:
     error(str(exc.detail))
     raise typer.Exit(1 if exc.status else 3)
+
+
+def job_id(client: Client, given: str) -> str:
+    """The id of the job `given` names: a whole id, or a unique prefix of one among the jobs the caller sees (as
+    git takes ids); ApiError "job not found: <given>" or one listing the candidates of an ambiguous prefix."""
+    given = given.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{1,32}", given):
+        raise ApiError(404, f"job not found: {given}")
+    if len(given) == ids.FULL:
+        return given
+    page = client.get("/jobs", id_prefix=given, limit=ids.SHOWN + 1)
+    return ids.pick(given, [j["id"] for j in page["items"]], "job")
+
+
+def _job_call(given: str, call: Callable[[Client, str], T]) -> T:
+    """`call(client, id)` for the job `given` names; a failure (job not found: <given>, ...) ends the command."""
+    client = Client()
+    try:
+        return call(client, job_id(client, given))
+    except ApiError as exc:
+        if exc.status == 404 and exc.detail == "job not found":
+            exc = ApiError(404, f"job not found: {given}")
+        fail(exc)
+        raise  # fail() always exits
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
@@ -117,24 +146,23 @@ def _wait(client: Client, job_id: str) -> int:
 
 def jobs(state: str | None = typer.Option(None), queue: str | None = typer.Option(None),
          project: str | None = typer.Option(None), tag: str | None = typer.Option(None, help="KEY=VALUE"),
-         limit: int = typer.Option(50, min=1, max=500), as_json: bool = typer.Option(False, "--json")) -> None:
+         limit: int = typer.Option(50, min=1, max=500), wide: bool = typer.Option(False, "--wide", help=(
+             "whole ids (the table shows unique prefixes, which every command takes)")),
+         as_json: bool = typer.Option(False, "--json")) -> None:
     """List jobs, newest first."""
     try:
         page = Client().get("/jobs", state=state, queue=queue, project=project, tag=tag, limit=limit)
     except ApiError as exc:
         fail(exc)
         return
-    show(page["items"], as_json, JOB_COLUMNS, title="jobs")
+    show(page["items"], as_json, JOB_COLUMNS, title="jobs", wide=wide)
 
 
 @job_app.command("show")
-def job_show(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
-        job = Client().get(f"/jobs/{job_id}")
-    except ApiError as exc:
-        fail(exc)
-        return
-    show(job, True) if as_json else _print_job(job)
+def job_show(job: str = JOB_ID, as_json: bool = typer.Option(False, "--json")) -> None:
+    """A job with its tasks' allocations."""
+    out = _job_call(job, lambda client, job_id: client.get(f"/jobs/{job_id}"))
+    show(out, True) if as_json else _print_job(out)
 
 
 def _print_job(job: dict[str, Any]) -> None:
@@ -154,68 +182,60 @@ def _field(name: str, value: str) -> None:
 
 
 @job_app.command("cancel")
-def job_cancel(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
-        show(Client().post(f"/jobs/{job_id}/cancel"), as_json, None) if as_json else console.print(
-            f"job {job_id}: {Client().post(f'/jobs/{job_id}/cancel')['state']}")
-    except ApiError as exc:
-        fail(exc)
+def job_cancel(job: str = JOB_ID, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Cancel a job: its running tasks are stopped, with their grace."""
+    out = _job_call(job, lambda client, job_id: client.post(f"/jobs/{job_id}/cancel"))
+    show(out, True) if as_json else line(f"job {out['id']}: {out['state']}")
 
 
 @job_app.command("why")
-def job_why(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def job_why(job: str = JOB_ID, as_json: bool = typer.Option(False, "--json")) -> None:
     """Why the job is still pending, in the scheduler's words."""
-    try:
-        reason = Client().get(f"/jobs/{job_id}/why")
-    except ApiError as exc:
-        fail(exc)
-        return
-    show(reason, True) if as_json else console.print(f"[bold]{reason['kind']}[/bold]: {reason['message']}")
+    reason = _job_call(job, lambda client, job_id: client.get(f"/jobs/{job_id}/why"))
+    show(reason, True) if as_json else console.print(f"[bold]{reason['kind']}[/bold]: {escape(reason['message'])}",
+                                                     soft_wrap=True, highlight=False)
 
 
 @job_app.command("events")
-def job_events(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
-        show(Client().get(f"/jobs/{job_id}/events"), as_json, [("at", "at"), ("kind", "kind"), ("message", "message")])
-    except ApiError as exc:
-        fail(exc)
+def job_events(job: str = JOB_ID, as_json: bool = typer.Option(False, "--json")) -> None:
+    """What happened to the job, oldest first."""
+    out = _job_call(job, lambda client, job_id: client.get(f"/jobs/{job_id}/events"))
+    show(out, as_json, [("at", "at"), ("kind", "kind"), ("message", "message")])
 
 
 @job_app.command("logs")
-def job_logs(job_id: str, follow: bool = typer.Option(False, "--follow", "-f"), task: int = typer.Option(0)) -> None:
+def job_logs(job: str = JOB_ID, follow: bool = typer.Option(False, "--follow", "-f"),
+             task: int = typer.Option(0)) -> None:
     """Print the job's output; --follow keeps printing until the job ends."""
-    client, offset = Client(), 0
-    try:
-        while True:
-            response = client.request("GET", f"/jobs/{job_id}/logs", params={"offset": offset, "task": task})
-            if response.text:
-                console.out(response.text, end="", highlight=False)
-            offset = int(response.headers.get("X-Next-Offset", offset))
-            if not follow or response.headers.get("X-Job-State") in ("succeeded", "failed", "cancelled", "denied"):
-                if not response.text:
-                    return
-                continue
-            time.sleep(0.5)
-    except ApiError as exc:
-        fail(exc)
+    _job_call(job, lambda client, job_id: _print_logs(client, job_id, follow, task))
+
+
+def _print_logs(client: Client, job_id: str, follow: bool, task: int) -> None:
+    offset = 0
+    while True:
+        response = client.request("GET", f"/jobs/{job_id}/logs", params={"offset": offset, "task": task})
+        if response.text:
+            console.out(response.text, end="", highlight=False)
+        offset = int(response.headers.get("X-Next-Offset", offset))
+        if not follow or response.headers.get("X-Job-State") in ("succeeded", "failed", "cancelled", "denied"):
+            if not response.text:
+                return
+            continue
+        time.sleep(0.5)
 
 
 @job_app.command("approve")
-def job_approve(job_id: str, note: str = typer.Option(""), as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
-        job = Client().post(f"/jobs/{job_id}/approve", {"note": note})
-        show(job, True) if as_json else line(f"job {job_id}: {job['state']}")
-    except ApiError as exc:
-        fail(exc)
+def job_approve(job: str = JOB_ID, note: str = typer.Option(""), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Approve a job awaiting approval (project admins): it becomes pending."""
+    out = _job_call(job, lambda client, job_id: client.post(f"/jobs/{job_id}/approve", {"note": note}))
+    show(out, True) if as_json else line(f"job {out['id']}: {out['state']}")
 
 
 @job_app.command("deny")
-def job_deny(job_id: str, note: str = typer.Option(""), as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
-        job = Client().post(f"/jobs/{job_id}/deny", {"note": note})
-        show(job, True) if as_json else line(f"job {job_id}: {job['state']}")
-    except ApiError as exc:
-        fail(exc)
+def job_deny(job: str = JOB_ID, note: str = typer.Option(""), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Deny a job awaiting approval (project admins): it ends, denied."""
+    out = _job_call(job, lambda client, job_id: client.post(f"/jobs/{job_id}/deny", {"note": note}))
+    show(out, True) if as_json else line(f"job {out['id']}: {out['state']}")
 
 
 def queues(as_json: bool = typer.Option(False, "--json")) -> None:
@@ -231,14 +251,19 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @queue_app.command("create")
-def queue_create(name: str, parent: str | None = typer.Option(None), guaranteed_gpus: str | None = None,
+def queue_create(name: str, parent: str | None = typer.Option(None),
+                 org: str | None = typer.Option(None, help="its organisation (operators; unset: a shared queue)"),
+                 guaranteed_gpus: str | None = None,
                  limit_gpus: str | None = None, weight: int = typer.Option(1, min=0),
                  approval_above_gpus: str | None = None,
                  max_disconnect: int | None = typer.Option(None, min=1, help=(
                      "seconds its jobs keep running on a node cut off from every control plane (default: the "
                      "pool's max_disconnect_s; shorter moves them sooner off a node that died)")),
                  as_json: bool = typer.Option(False, "--json")) -> None:
-    body: dict[str, object] = {"name": name, "parent": parent, "over_quota_weight": weight,
+    """Create a queue (tenant admins: in their organisation, within its ceiling). The quota tree is checked: a child
+    never guarantees more than its parent allows; a guarantee above the pool's capacity is warned about (or refused,
+    by the setting quota_above_capacity)."""
+    body: dict[str, object] = {"name": name, "parent": parent, "org": org, "over_quota_weight": weight,
                                "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect,
                                "guaranteed": {"gpus": guaranteed_gpus} if guaranteed_gpus else {}}
     if limit_gpus:
@@ -404,12 +429,13 @@ def node_down(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
         fail(exc)
 
 
-def top(as_json: bool = typer.Option(False, "--json")) -> None:
+def top(wide: bool = typer.Option(False, "--wide", help="whole job ids"),
+        as_json: bool = typer.Option(False, "--json")) -> None:
     """Who uses what, where: every GPU grant with its project, user, node and job."""
     try:
         show(Client().get("/top"), as_json, [("project", "project"), ("user", "user"), ("node", "node"),
                                              ("job", "job"), ("GPUs", "gpus"), ("models", "gpu_models"),
-                                             ("since", "since")], title="who uses what, where")
+                                             ("since", "since")], title="who uses what, where", wide=wide)
     except ApiError as exc:
         fail(exc)
 

@@ -23,6 +23,8 @@ Role = Literal["viewer", "member", "project-admin", "tenant-admin", "operator"]
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 JOB_STATES = ("pending_approval", "pending", "scheduled", "running", "succeeded", "failed", "cancelled", "denied")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "denied"})
+#: a prefix of an object id (ids are uuid4 hex): what `?id_prefix=` takes
+ID_PREFIX = r"^[0-9a-f]{1,32}$"
 
 
 class _Request(BaseModel):
