@@ -50,7 +50,7 @@ def update_queue(session: Session, principal: Principal, row: QueueRow, body: ap
                  mode: str) -> api.QueueChange:
     """Apply the parts of `body` given to `row`; 403 beyond the organisation's ceiling (tenant admins), 422 when
     the quota tree would break (or, mode "refuse", guarantees would pass the pool's capacity)."""
-    before = _fields(row)
+    before, grants = _fields(row), _grants(row)
     for key in body.model_fields_set:
         value = getattr(body, key)
         if key == "approval_above_gpus":
@@ -60,12 +60,29 @@ def update_queue(session: Session, principal: Principal, row: QueueRow, body: ap
             setattr(row, key, row_value if row_value is not None or key != "guaranteed" else {})
         elif value is not None or key == "max_disconnect_s":
             setattr(row, key, value)
-    if row.org_id is not None and not principal.is_operator:
+    if row.org_id is not None and not principal.is_operator and _raises(grants, _grants(row)):
         _within_ceiling(session, row)
     warnings = _checked(session, row, mode)
     after = _fields(row)
     changes = [f"{k}: {before[k]} -> {after[k]}" for k in after if before[k] != after[k]]
     return api.QueueChange(queue=_out(session, row, warnings), dry_run=False, changes=changes, warnings=warnings)
+
+
+def _grants(row: QueueRow) -> tuple[dict[str, Any], dict[str, Any] | None, int, int]:
+    return quota_tree.amounts(row.guaranteed), None if row.limit is None else quota_tree.amounts(row.limit), \
+        row.over_quota_weight, row.priority
+
+
+def _raises(before: tuple[dict[str, Any], dict[str, Any] | None, int, int],
+            after: tuple[dict[str, Any], dict[str, Any] | None, int, int]) -> bool:
+    """Whether a change grants more than the queue had (a guarantee, a limit, weight or priority raised): only such
+    a change is held to the organisation's ceiling (one made above it by an operator may still be lowered)."""
+    (guaranteed, limit, weight, priority), (guaranteed2, limit2, weight2, priority2) = before, after
+    if weight2 > weight or priority2 > priority or any(a > guaranteed.get(f, 0) for f, a in guaranteed2.items()):
+        return True
+    if limit is None:
+        return False
+    return limit2 is None or any(f not in limit2 or limit2[f] > a for f, a in limit.items())
 
 
 def _within_ceiling(session: Session, row: QueueRow) -> None:

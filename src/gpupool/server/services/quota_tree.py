@@ -38,7 +38,7 @@ def amounts(raw: dict[str, Any] | None) -> dict[str, Decimal]:
 def figure(field: str, amount: Decimal) -> str:
     """`5 GPUs`, `1 GPU`, `8 H100 GPUs`, `0.5 GPU`, `64 CPUs`, `1024 MiB of memory`."""
     unit = UNITS.get(field) or f"{field.removeprefix('per_model.')} GPUs"
-    if amount <= 1 and unit.endswith("s"):
+    if 0 < amount <= 1 and unit.endswith("s"):
         unit = unit[:-1]
     return f"{amount.normalize():f} {unit}"
 
