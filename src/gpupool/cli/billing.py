@@ -181,32 +181,35 @@ def samples(start: str | None = typer.Option(None, "--from", help="ISO date or t
 
 
 @price_app.command("set")
-def price_set(model: str, cents_per_gpu_hour: int) -> None:
+def price_set(model: str, cents_per_gpu_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
+    """The price of one GPU of `model` for an hour, in cents of the pool's currency."""
     try:
-        Client().request("PUT", "/prices", json={"model": model, "cents_per_gpu_hour": cents_per_gpu_hour})
-        console.print(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
+        out = Client().request("PUT", "/prices", json={"model": model, "cents_per_gpu_hour": cents_per_gpu_hour})
     except ApiError as exc:
         fail(exc)
+        return
+    show(out.json(), True) if as_json else line(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
 
 
 @price_app.command("cpu")
-def price_cpu(cents_per_core_hour: int) -> None:
+def price_cpu(cents_per_core_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
     """The price of one CPU core for an hour, in cents."""
-    _resource_price("cpu", cents_per_core_hour, "CPU-core-hour")
+    _resource_price("cpu", cents_per_core_hour, "CPU-core-hour", as_json)
 
 
 @price_app.command("memory")
-def price_memory(cents_per_gib_hour: int) -> None:
+def price_memory(cents_per_gib_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
     """The price of one GiB of memory for an hour, in cents."""
-    _resource_price("memory", cents_per_gib_hour, "GiB-hour")
+    _resource_price("memory", cents_per_gib_hour, "GiB-hour", as_json)
 
 
-def _resource_price(resource: str, cents: int, unit: str) -> None:
+def _resource_price(resource: str, cents: int, unit: str, as_json: bool) -> None:
     try:
-        Client().request("PUT", "/resource-prices", json={"resource": resource, "cents_per_hour": cents})
-        console.print(f"{resource}: {cents} cents per {unit}")
+        out = Client().request("PUT", "/resource-prices", json={"resource": resource, "cents_per_hour": cents})
     except ApiError as exc:
         fail(exc)
+        return
+    show(out.json(), True) if as_json else line(f"{resource}: {cents} cents per {unit}")
 
 
 @price_app.command("list")
