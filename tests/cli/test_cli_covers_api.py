@@ -74,14 +74,19 @@ PLAIN = {  # commands whose output is not JSON, and why
 
 
 @pytest.fixture(scope="module")
-def spec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
-    server: Server = start_server(Path(tmp_path_factory.mktemp("spec")) / "data")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(Path(tmp_path_factory.mktemp("spec")) / "data")
     try:
-        paths = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
-        yield {f"{method.upper()} {path}" for path, item in paths.items() for method in item
-               if method in ("get", "put", "post", "patch", "delete")}
+        yield server
     finally:
         stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def spec(server: Server) -> set[str]:
+    paths = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+    return {f"{method.upper()} {path}" for path, item in paths.items() for method in item
+            if method in ("get", "put", "post", "patch", "delete")}
 
 
 def _command(words: str) -> Any:
@@ -105,3 +110,9 @@ def test_every_command_exists_and_answers_json() -> None:
         assert command is not None, f"{route}: no command `gpupool {words}`"
         flags = {flag for param in command.params for flag in getattr(param, "opts", [])}
         assert "--json" in flags or words in PLAIN, f"`gpupool {words}` has no --json"
+
+
+def test_the_sign_in_page_names_the_command_that_makes_a_token(server: Server) -> None:
+    page = httpx.get(f"{server.url}/js/pages/login.js", timeout=30).text
+    assert "gpupool token create" in page and "POST /api/v1/tokens" not in page
+    assert _command("token create") is not None

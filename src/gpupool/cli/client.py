@@ -15,8 +15,11 @@ DEFAULT_URL = "http://127.0.0.1:8181"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
-        self.status, self.detail = status, detail
+    """A refused request (`status` the HTTP status), or (status 0) a control plane out of reach; `detail` is one
+    line for a person, `cause` what went wrong underneath (its traceback shows under `gpupool --debug`)."""
+
+    def __init__(self, status: int, detail: str, cause: BaseException | None = None) -> None:
+        self.status, self.detail, self.cause = status, detail, cause
         super().__init__(f"{status}: {detail}")
 
 
@@ -96,7 +99,7 @@ class Client:
         try:
             response = self.http.request(method, f"/api/v1{path}", **kwargs)
         except httpx.HTTPError as exc:
-            raise ApiError(0, unreachable(self.url, exc)) from None
+            raise ApiError(0, unreachable(self.url, exc), exc) from None
         if response.status_code >= 400:
             raise ApiError(response.status_code, _detail(response))
         return response

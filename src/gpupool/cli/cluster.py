@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,6 +28,10 @@ JOB_ID = typer.Argument(..., help="the job's id or a unique prefix of it (the 12
 
 
 def fail(exc: ApiError) -> None:
+    """End the command on a refused request (exit 1) or a control plane out of reach (exit 3): one line, and under
+    `gpupool --debug` the traceback of what went wrong underneath."""
+    if exc.cause is not None and os.environ.get("GPUPOOL_DEBUG"):
+        traceback.print_exception(exc.cause)
     error(str(exc.detail))
     raise typer.Exit(1 if exc.status else 3)
 
