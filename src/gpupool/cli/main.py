@@ -74,10 +74,17 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as exc:  # noqa: BLE001 - the last stop before a user: one line, never a traceback
-        if os.environ.get(DEBUG_ENV) or "--debug" in sys.argv[1:2]:
+        if os.environ.get(DEBUG_ENV) or "--debug" in _options_given():
             traceback.print_exc()
         error(_failure(exc))
         raise SystemExit(1) from None
+
+
+def _options_given() -> list[str]:
+    """The command line's words before a `--` (after it: a job's own command), where `--debug` may stand (`gpupool
+    --debug ...` or `gpupool sim --debug ...`)."""
+    words = sys.argv[1:]
+    return words[:words.index("--")] if "--" in words else words
 
 
 def _failure(exc: Exception) -> str:
