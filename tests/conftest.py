@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.devtools import cli_output
 from gpupool.devtools.figures import Parts, figure, session_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,3 +162,40 @@ class S16Book(PartBook):
 @pytest.fixture(scope="session")
 def s16(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> S16Book:
     return S16Book(Parts(session_folder(tmp_path_factory.getbasetemp(), worker_id, "s16-parts"), S16_PARTS))
+
+
+# Issue 43: no Python repr or traceback reaches a user of the CLI. Every test's `gpupool` runs (a subprocess of
+# gpupool.cli.main or the `gpupool` script, or Typer's CliRunner) are checked, unless run with --debug ------------
+
+def _is_cli(command: Any) -> bool:
+    words = [str(w) for w in command] if isinstance(command, list | tuple) else [str(command)]
+    return "--debug" not in words and (
+        "gpupool.cli.main" in words or any(Path(w).name == "gpupool" for w in words[:1]))
+
+
+@pytest.fixture(autouse=True)
+def _cli_output_for_people(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wrap subprocess.run and CliRunner.invoke: a CLI run whose output holds a text of
+    gpupool.devtools.cli_output.FORBIDDEN fails the test."""
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    real_run, real_invoke = subprocess.run, CliRunner.invoke
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        done = real_run(*args, **kwargs)
+        if _is_cli(args[0] if args else kwargs.get("args", [])):
+            problems = cli_output.problems(done.stdout, done.stderr)
+            assert not problems, "the CLI printed Python internals:\n" + "\n".join(problems)
+        return done
+
+    def invoke(self: CliRunner, app: Any, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        result = real_invoke(self, app, args, *rest, **kwargs)
+        if "--debug" not in [str(a) for a in (args or [])]:
+            problems = cli_output.problems(result.output)
+            assert not problems, "the CLI printed Python internals:\n" + "\n".join(problems)
+        return result
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(CliRunner, "invoke", invoke)

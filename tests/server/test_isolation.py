@@ -92,6 +92,7 @@ class Tenant:
     token_ids: dict[str, str] = field(default_factory=dict)  # role -> token id
     job: str = ""  # placed on the node and running there (its log and usage exist), holding one of its GPUs
     held: str = ""  # waiting for a project admin's approval
+    budget: str = ""  # the id of its project's budget
     idem: str = ""  # the Idempotency-Key `job` was submitted with
     cursor: str = ""  # a page cursor of this tenant's job list
     ids: set[str] = field(default_factory=set)  # every opaque id and token prefix of the tenant
@@ -107,11 +108,12 @@ class Tenant:
         """A tenant whose objects do not exist: the answers about it are what "not found" looks like."""
         fake = {role: uuid.uuid4().hex for role in TENANT_ROLES}
         return cls(unique("ghost"), token_ids=fake, job=uuid.uuid4().hex, held=uuid.uuid4().hex, idem=unique("ghost"),
-                   cursor="OTk5OTk5")  # base64 of 999999
+                   cursor="OTk5OTk5", budget=uuid.uuid4().hex)  # base64 of 999999
 
     def placeholders(self) -> list[tuple[str, str]]:
         """(value, placeholder) for this tenant's ids and names, to compare its answers with another tenant's."""
-        pairs = [(self.job, "<job>"), (self.held, "<held>"), (self.idem, "<idem>"), (self.cursor, "<cursor>")]
+        pairs = [(self.job, "<job>"), (self.held, "<held>"), (self.idem, "<idem>"), (self.cursor, "<cursor>"),
+                 (self.budget, "<budget>")]
         pairs += [(token_id, f"<token {role}>") for role, token_id in self.token_ids.items()]
         return [*pairs, (self.org, "<org>")]
 
@@ -166,6 +168,11 @@ class World:
         _ok(self.operator.post("/queues", json={"name": name, "org": self.a.org}), 201)
         return name
 
+    def fresh_budget(self) -> str:
+        """A budget of A's (by A's tenant admin) on a fresh queue of A's."""
+        body = {"scope": "queue", "name": self.fresh_queue(), "gpu_hours": 5}
+        return str(_ok(self.as_(self.a.tokens["tenant-admin"]).post("/budgets", json=body), 201)["id"])
+
 
 def _tenant(op: httpx.Client, org: str) -> Tenant:
     t = Tenant(org)
@@ -191,7 +198,8 @@ def _jobs(admin: httpx.Client, t: Tenant) -> None:
     t.held = _ok(admin.post("/jobs", json=body), 201)["id"]
     t.cursor = _ok(admin.get("/jobs", params={"limit": 1}))["next_cursor"]
     budget = {"scope": "project", "name": t.project, "gpu_hours": 1000}
-    t.ids |= {t.job, t.held, _ok(admin.post("/budgets", json=budget), 201)["id"]}
+    t.budget = _ok(admin.post("/budgets", json=budget), 201)["id"]
+    t.ids |= {t.job, t.held, t.budget}
 
 
 def _register(op: httpx.Client, name: str, gpus: int, tls: HandTls | None = None) -> dict[str, Any]:
@@ -398,6 +406,23 @@ CASES = [
     Case("GET /api/v1/resource-prices", "list", lambda c, t, w: c.get("/resource-prices"), 200, 200),
     Case("PUT /api/v1/resource-prices", "price A's CPUs",
          lambda c, t, w: c.put("/resource-prices", json={"resource": "cpu", "cents_per_hour": 0}), 403, 403),
+    Case("PATCH /api/v1/queues/{name}", "A's queue by name (its guarantee)",
+         lambda c, t, w: c.patch(f"/queues/{t.queue}", json={"guaranteed": {"gpus": "0"}}), 404, 403),
+    Case("PATCH /api/v1/queues/{name}", "A's queue in A's org, as a dry run",
+         lambda c, t, w: c.patch(f"/queues/{t.queue}", params={"org": t.org, "dry_run": "true"},
+                                 json={"priority": 0}), 404, 403),
+    Case("DELETE /api/v1/queues/{name}", "A's queue (its jobs moved to B's)",
+         lambda c, t, w: c.delete(f"/queues/{t.queue}", params={"move_to": w.b.queue}), 404, 403),
+    Case("DELETE /api/v1/queues/{name}", "A's queue in A's org, as a dry run",
+         lambda c, t, w: c.delete(f"/queues/{t.queue}", params={"org": t.org, "dry_run": "true"}), 404, 403),
+    Case("PATCH /api/v1/budgets/{budget_id}", "A's project budget made hard and tiny", lambda c, t, w: c.patch(
+        f"/budgets/{t.budget}", json={"gpu_hours": 0.0001, "hard": True}), 404, 403),
+    Case("DELETE /api/v1/budgets/{budget_id}", "A's project budget", lambda c, t, w: c.delete(f"/budgets/{t.budget}"),
+         404, 403),
+    Case("GET /api/v1/jobs", "A's job by a 12-character id prefix (none of B's begins so)",
+         lambda c, t, w: c.get("/jobs", params={"id_prefix": t.job[:12]}), 200, 200),
+    Case("GET /api/v1/jobs", "A's held job by a 1-character id prefix",
+         lambda c, t, w: c.get("/jobs", params={"id_prefix": t.held[:1], "limit": 500}), 200, 200),
     # last: from here on B has a queue of A's queue's name (names are per organisation), and B's jobs go there
     Case("POST /api/v1/queues", "A's queue name (B gets one of its own)",
          lambda c, t, w: c.post("/queues", json={"name": t.queue, "over_quota_weight": 0}), 201, 403),
@@ -650,6 +675,15 @@ ROWS = [  # viewer, member, project-admin, tenant-admin, operator, agent, anonym
     Row("GET /api/v1/usage/statement", "", lambda c, r, w: c.get("/usage/statement", params={
         "project": "acme-lab", "month": MONTH}), (*USERS, 403, 401)),
     Row("GET /api/v1/cluster/samples", "", lambda c, r, w: c.get("/cluster/samples"), (*USERS, 403, 401)),
+    Row("PATCH /api/v1/queues/{name}", "A's queue, its priority as it is",
+        lambda c, r, w: c.patch("/queues/acme-q", params={"org": "acme"}, json={"priority": 0}),
+        (403, 403, 403, 200, 200, 403, 401)),
+    Row("DELETE /api/v1/queues/{name}", "a fresh queue of A's",
+        lambda c, r, w: c.delete(f"/queues/{w.fresh_queue()}"), (403, 403, 403, 200, 200, 403, 401)),
+    Row("PATCH /api/v1/budgets/{budget_id}", "A's project budget, as it is",
+        lambda c, r, w: c.patch(f"/budgets/{w.a.budget}", json={}), (403, 403, 403, 200, 200, 403, 401)),
+    Row("DELETE /api/v1/budgets/{budget_id}", "a fresh budget of A's",
+        lambda c, r, w: c.delete(f"/budgets/{w.fresh_budget()}"), (403, 403, 403, 200, 200, 403, 401)),
     Row("GET /api/v1/audit", "operators only", lambda c, r, w: c.get("/audit"), (403, 403, 403, 403, 200, 403, 401)),
 ]
 

@@ -12,9 +12,10 @@ import typer
 
 from gpupool.cli.client import ApiError, Client
 from gpupool.cli.cluster import fail
-from gpupool.cli.render import show
+from gpupool.cli.render import line, show
 
-org_app = typer.Typer(no_args_is_help=True, help="Organisations: what their tenant admins may grant (operators).")
+org_app = typer.Typer(no_args_is_help=True, help=(
+    "Organisations (operators): create, list, and what their tenant admins may grant (ceiling)."))
 
 AUDIT_COLUMNS = [("at", "at"), ("actor", "actor_name"), ("kind", "actor_kind"), ("token", "token_prefix"),
                  ("org", "org"), ("method", "method"), ("route", "route"), ("object", "object_id"),
@@ -48,6 +49,34 @@ def audit(actor: str | None = typer.Option(None, help="a user or node id"),
         fail(exc)
         return
     show(rows, as_json, AUDIT_COLUMNS, title="audit log")
+
+
+@org_app.command("create")
+def org_create(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Create an organisation (operators): a tenant with its own projects, users, queues and budgets."""
+    try:
+        out = Client().post("/orgs", {"name": name})
+    except ApiError as exc:
+        fail(exc)
+        return
+    if as_json:
+        show(out, True)
+        return
+    line(f"created organisation {out['name']} ({out['id']})")
+    line(f"next: gpupool project create NAME --org {out['name']}; gpupool user create NAME --org {out['name']} "
+         "--role tenant-admin")
+
+
+@org_app.command("list")
+def org_list(wide: bool = typer.Option(False, "--wide", help="whole ids"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """The organisations you may see (operators: all)."""
+    try:
+        rows = Client().get("/orgs")
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(rows, as_json, [("organisation", "name"), ("id", "id")], title="organisations", wide=wide)
 
 
 def rotate_master_key(data_dir: Path = typer.Option(Path("gpupool-data"), help="the control plane's data dir"),

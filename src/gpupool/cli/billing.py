@@ -7,12 +7,14 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from gpupool.cli.client import ApiError, Client, saved_data_dir
-from gpupool.cli.cluster import fail
-from gpupool.cli.render import console, show
+from gpupool.cli.cluster import fail, print_change
+from gpupool.cli.ids import pick
+from gpupool.cli.render import console, gpu_hours, line, money, show, text
 from gpupool.protocol.csvsafe import SafeWriter
 
 budget_app = typer.Typer(no_args_is_help=True, help="GPU-hour or money budgets per project or queue.")
@@ -39,6 +41,9 @@ def usage(start: str | None = typer.Option(None, "--from", help="ISO date, defau
         writer.writerows([r["key"], *(r.get(k, "") for k in USAGE_COLUMNS)] for r in rows)
         console.out(out.getvalue(), highlight=False, end="")
         return
+    if fmt == "table":
+        rows = [r | {k: gpu_hours(r[k]) for k in USAGE_COLUMNS[:3]} | {"cost": money(r["cost"] * 100, r["currency"])}
+                for r in rows]
     show(rows, fmt == "json", [(by, "key"), ("GPU-hours", "gpu_hours"), ("CPU-core-hours", "cpu_hours"),
                                ("memory GiB-hours", "memory_gib_hours"), ("cost", "cost"), ("entries", "entries")],
          title="usage")
@@ -60,54 +65,151 @@ def statement(project: str = typer.Option(...), month: str = typer.Option(..., h
 def budget_create(scope: str = typer.Option(..., help="project or queue"), name: str = typer.Option(...),
                   period: str = typer.Option("month", help="day, week or month"),
                   gpu_hours: float | None = typer.Option(None), cents: int | None = typer.Option(None),
-                  hard: bool = typer.Option(False, help="stop admitting new jobs once spent")) -> None:
-    if gpu_hours is not None and not math.isfinite(gpu_hours):  # JSON has no infinity; the API bounds the rest
-        raise typer.BadParameter("must be a finite number of GPU-hours", param_hint="--gpu-hours")
+                  hard: bool = typer.Option(False, help="stop admitting new jobs once spent"),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Set a budget of GPU-hours or cents per period on a project or queue (one each); a hard one holds new jobs
+    once spent. Undo one with `gpupool budget update` or `gpupool budget delete`."""
+    _finite(gpu_hours)
     try:
-        show(Client().post("/budgets", {"scope": scope, "name": name, "period": period, "gpu_hours": gpu_hours,
-                                        "cents": cents, "hard": hard}), True)
+        out = Client().post("/budgets", {"scope": scope, "name": name, "period": period, "gpu_hours": gpu_hours,
+                                         "cents": cents, "hard": hard})
     except ApiError as exc:
         fail(exc)
+        return
+    show(out, True) if as_json else line(f"created {_budget_words(out)}")
+
+
+def _finite(hours: float | None) -> None:
+    if hours is not None and not math.isfinite(hours):  # JSON has no infinity; the API bounds the rest
+        raise typer.BadParameter("must be a finite number of GPU-hours", param_hint="--gpu-hours")
+
+
+def _amount(budget: dict[str, Any]) -> str:
+    if budget["gpu_hours"] is not None:
+        return f"{gpu_hours(budget['gpu_hours'])} GPU-hours"
+    return money(budget["cents"], budget.get("currency", "USD"))
+
+
+def _budget_words(budget: dict[str, Any]) -> str:
+    kind = "hard" if budget["hard"] else "soft"
+    return (f"{kind} {budget['period']}ly budget of {_amount(budget)} on {budget['scope']} {budget['name']} "
+            f"({budget['id']})")
+
+
+BUDGET_COLUMNS = [("scope", "scope"), ("name", "name"), ("period", "period"), ("budget", "amount"), ("hard", "hard"),
+                  ("used", "used"), ("exceeded", "exceeded"), ("id", "id")]
 
 
 @budget_app.command("list")
-def budget_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def budget_list(wide: bool = typer.Option(False, "--wide", help="whole ids"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Budgets with what their period used so far."""
     try:
-        show(Client().get("/budgets"), as_json, [("scope", "scope"), ("name", "name"), ("period", "period"),
-                                                 ("GPU-hours", "gpu_hours"), ("cents", "cents"), ("hard", "hard"),
-                                                 ("used GPU-h", "used_gpu_hours"), ("used cents", "used_cents"),
-                                                 ("exceeded", "exceeded")], title="budgets")
+        rows = Client().get("/budgets")
     except ApiError as exc:
         fail(exc)
+        return
+    if not as_json:
+        rows = [r | {"amount": _amount(r), "used": f"{gpu_hours(r['used_gpu_hours'])} GPU-hours" if r["gpu_hours"]
+                     is not None else money(r["used_cents"], r.get("currency", "USD"))} for r in rows]
+    show(rows, as_json, BUDGET_COLUMNS, title="budgets", wide=wide)
+
+
+BUDGET_ARGUMENT = typer.Argument(..., help="the budget's id (or a unique prefix), or SCOPE/NAME (project/default)")
+
+
+def _budget_id(client: Client, given: str) -> str:
+    """The id of the budget `given` names: SCOPE/NAME (project/default, queue/vision), an id or a unique prefix."""
+    rows = client.get("/budgets")
+    scope, slash, name = given.partition("/")
+    named = [r["id"] for r in rows if slash and (r["scope"], r["name"]) == (scope, name)]
+    if len(named) == 1:
+        return str(named[0])
+    return pick(given, [r["id"] for r in rows], "budget")
+
+
+@budget_app.command("update")
+def budget_update(budget: str = BUDGET_ARGUMENT, period: str | None = typer.Option(None, help="day, week or month"),
+                  gpu_hours: float | None = typer.Option(None, help="the new amount (drops --cents)"),
+                  cents: int | None = typer.Option(None, help="the new amount (drops --gpu-hours)"),
+                  hard: bool | None = typer.Option(None, "--hard/--soft", help="hold new jobs once spent, or not"),
+                  dry_run: bool = typer.Option(False, "--dry-run", help="say what would change, change nothing"),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Change a budget: its amount, period, or whether it holds jobs (--soft undoes a hard budget set by mistake)."""
+    _finite(gpu_hours)
+    body = {k: v for k, v in {"period": period, "gpu_hours": gpu_hours, "cents": cents, "hard": hard}.items()
+            if v is not None}
+    client = Client()
+    try:
+        out = client.patch(f"/budgets/{_budget_id(client, budget)}", body, dry_run=dry_run or None)
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(out, True) if as_json else print_change(out, "budget", _budget_words(out["budget"]))
+
+
+@budget_app.command("delete")
+def budget_delete(budget: str = BUDGET_ARGUMENT,
+                  dry_run: bool = typer.Option(False, "--dry-run", help="say what would change, change nothing"),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Delete a budget; the jobs a hard one held may start at once."""
+    client = Client()
+    try:
+        out = client.delete(f"/budgets/{_budget_id(client, budget)}", dry_run=dry_run or None)
+    except ApiError as exc:
+        fail(exc)
+        return
+    show(out, True) if as_json else print_change(out, "budget", _budget_words(out["budget"]))
+
+
+def samples(start: str | None = typer.Option(None, "--from", help="ISO date or time, default 30 days ago"),
+            end: str | None = typer.Option(None, "--to", help="ISO date or time, default now"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """The cluster's figures over time, as the control plane sampled them: GPUs, allocated, used, GPU allocation
+    rate (GAR: allocated / GPUs) and GPU fragmentation rate (GFR: share of GPU nodes partly allocated)."""
+    try:
+        rows = Client().get("/cluster/samples", **{"from": start, "to": end})
+    except ApiError as exc:
+        fail(exc)
+        return
+    if not as_json:
+        rows = [r | {"gar": f"{100 * r['gar']:.1f}%", "gfr": f"{100 * r['gfr']:.1f}%",
+                     "used": text(round(r["used"], 2))} for r in rows]
+    show(rows, as_json, [("at", "at"), ("GPUs", "gpus"), ("allocated", "allocated"), ("used", "used"),
+                         ("allocation rate (GAR)", "gar"), ("fragmentation rate (GFR)", "gfr")],
+         title="cluster samples")
 
 
 @price_app.command("set")
-def price_set(model: str, cents_per_gpu_hour: int) -> None:
+def price_set(model: str, cents_per_gpu_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
+    """The price of one GPU of `model` for an hour, in cents of the pool's currency."""
     try:
-        Client().request("PUT", "/prices", json={"model": model, "cents_per_gpu_hour": cents_per_gpu_hour})
-        console.print(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
+        out = Client().request("PUT", "/prices", json={"model": model, "cents_per_gpu_hour": cents_per_gpu_hour})
     except ApiError as exc:
         fail(exc)
+        return
+    show(out.json(), True) if as_json else line(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
 
 
 @price_app.command("cpu")
-def price_cpu(cents_per_core_hour: int) -> None:
+def price_cpu(cents_per_core_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
     """The price of one CPU core for an hour, in cents."""
-    _resource_price("cpu", cents_per_core_hour, "CPU-core-hour")
+    _resource_price("cpu", cents_per_core_hour, "CPU-core-hour", as_json)
 
 
 @price_app.command("memory")
-def price_memory(cents_per_gib_hour: int) -> None:
+def price_memory(cents_per_gib_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
     """The price of one GiB of memory for an hour, in cents."""
-    _resource_price("memory", cents_per_gib_hour, "GiB-hour")
+    _resource_price("memory", cents_per_gib_hour, "GiB-hour", as_json)
 
 
-def _resource_price(resource: str, cents: int, unit: str) -> None:
+def _resource_price(resource: str, cents: int, unit: str, as_json: bool) -> None:
     try:
-        Client().request("PUT", "/resource-prices", json={"resource": resource, "cents_per_hour": cents})
-        console.print(f"{resource}: {cents} cents per {unit}")
+        out = Client().request("PUT", "/resource-prices", json={"resource": resource, "cents_per_hour": cents})
     except ApiError as exc:
         fail(exc)
+        return
+    show(out.json(), True) if as_json else line(f"{resource}: {cents} cents per {unit}")
 
 
 @price_app.command("list")
@@ -123,7 +225,8 @@ def price_list(as_json: bool = typer.Option(False, "--json")) -> None:
     except ApiError as exc:
         fail(exc)
         return
-    show(rows, as_json, [("what", "what"), ("cents", "cents_per_hour"), ("per", "per")], title="prices")
+    show(rows, as_json, [("what", "what"), ("cents", "cents_per_hour"), ("per", "per")], title="prices (cents of the "
+         "pool's currency)")
 
 
 def check(data_dir: Path | None = typer.Option(None, help="the control plane's data dir (default: the one `gpupool "

@@ -15,8 +15,11 @@ DEFAULT_URL = "http://127.0.0.1:8181"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
-        self.status, self.detail = status, detail
+    """A refused request (`status` the HTTP status), or (status 0) a control plane out of reach; `detail` is one
+    line for a person, `cause` what went wrong underneath (its traceback shows under `gpupool --debug`)."""
+
+    def __init__(self, status: int, detail: str, cause: BaseException | None = None) -> None:
+        self.status, self.detail, self.cause = status, detail, cause
         super().__init__(f"{status}: {detail}")
 
 
@@ -63,8 +66,24 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:500]
     detail = body.get("detail", body) if isinstance(body, dict) else body
     if isinstance(detail, list):  # pydantic validation errors: name each field
-        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
+        return "; ".join(_field_error(d) for d in detail if isinstance(d, dict))
     return str(detail)
+
+
+def _field_error(error: dict[str, Any]) -> str:
+    """A pydantic error as `field: message` (`gpus: must be between 0 and 64`), without pydantic's "Value error, "."""
+    where = ".".join(str(p) for p in error.get("loc", [])[1:]) or "request"
+    message = str(error.get("msg", "invalid"))
+    for noise in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(noise)
+    return f"{where}: {message}"
+
+
+def unreachable(url: str, exc: httpx.HTTPError) -> str:
+    """One line saying which control plane could not be reached, why, and what to check."""
+    why = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0]
+    return (f"cannot reach the control plane at {url} ({why}): check that it runs and that GPUPOOL_URL or "
+            f"`gpupool login --url` names it")
 
 
 class Client:
@@ -80,7 +99,7 @@ class Client:
         try:
             response = self.http.request(method, f"/api/v1{path}", **kwargs)
         except httpx.HTTPError as exc:
-            raise ApiError(0, f"cannot reach {self.url}: {exc}") from None
+            raise ApiError(0, unreachable(self.url, exc), exc) from None
         if response.status_code >= 400:
             raise ApiError(response.status_code, _detail(response))
         return response
@@ -90,4 +109,12 @@ class Client:
 
     def post(self, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Any:
         response = self.request("POST", path, json=body or {}, headers=headers or {})
+        return response.json() if response.content else None
+
+    def patch(self, path: str, body: dict[str, Any], **params: Any) -> Any:
+        response = self.request("PATCH", path, json=body, params={k: v for k, v in params.items() if v is not None})
+        return response.json() if response.content else None
+
+    def delete(self, path: str, **params: Any) -> Any:
+        response = self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
         return response.json() if response.content else None

@@ -23,6 +23,8 @@ Role = Literal["viewer", "member", "project-admin", "tenant-admin", "operator"]
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 JOB_STATES = ("pending_approval", "pending", "scheduled", "running", "succeeded", "failed", "cancelled", "denied")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "denied"})
+#: a prefix of an object id (ids are uuid4 hex): what `?id_prefix=` takes
+ID_PREFIX = r"^[0-9a-f]{1,32}$"
 
 
 class _Request(BaseModel):
@@ -227,6 +229,40 @@ class QueueOut(_Response):
     running_jobs: int = 0
     oldest_pending_at: UtcTime | None = Field(default=None, description="when its longest-waiting pending job was "
                                                                        "submitted; none when nothing is pending")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "what the change left questionable (a guarantee above the pool's capacity, when the setting "
+        "quota_above_capacity is warn)"))
+
+
+class QueueUpdate(_Request):
+    """The parts of a queue to change; a part left out stays. `limit`, `borrow_limit`, `lend_limit`,
+    `approval_above_gpus` and `max_disconnect_s` given as null are removed."""
+
+    guaranteed: Resources | None = None
+    limit: Resources | None = None
+    borrow_limit: Resources | None = None
+    lend_limit: Resources | None = None
+    over_quota_weight: int | None = Field(default=None, ge=0, le=1000)
+    priority: int | None = Field(default=None, ge=-1000, le=1000)
+    approval_above_gpus: str | None = None
+    max_disconnect_s: int | None = Field(default=None, ge=1, le=7 * 86400)
+
+    @field_validator("approval_above_gpus")
+    @classmethod
+    def _threshold(cls, value: str | None) -> str | None:
+        if value is not None:
+            gpus_to_milli(value)
+        return value
+
+
+class QueueChange(_Response):
+    """What a queue update or deletion did, or (dry_run) would do."""
+
+    queue: QueueOut
+    dry_run: bool
+    changes: list[str] = Field(description="each changed field: `field: before -> after`")
+    warnings: list[str] = Field(default_factory=list)
+    jobs_moved: list[str] = Field(default_factory=list, description="ids of the jobs moved to another queue")
 
 
 # Image references (OCI distribution's grammar, as podman and docker read them) ---------------------------------
@@ -556,6 +592,22 @@ Month = Annotated[str, AfterValidator(_month)]
 Moment = Annotated[str, AfterValidator(_moment)]
 
 
+class BudgetUpdate(_Request):
+    """The parts of a budget to change; a part left out stays. Setting gpu_hours drops cents and the other way
+    round (a budget counts one of them)."""
+
+    period: Literal["day", "week", "month"] | None = None
+    gpu_hours: float | None = Field(default=None, gt=0, le=MAX_BUDGET_GPU_HOURS, allow_inf_nan=False)
+    cents: int | None = Field(default=None, gt=0, le=MAX_BUDGET_CENTS)
+    hard: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_amount(self) -> BudgetUpdate:
+        if self.gpu_hours is not None and self.cents is not None:
+            raise ValueError("gpu_hours, cents: set at most one of them")
+        return self
+
+
 class BudgetOut(_Response):
     id: str
     scope: str
@@ -567,8 +619,17 @@ class BudgetOut(_Response):
     used_gpu_hours: float
     used_cents: float
     exceeded: bool
+    currency: str = Field(default="USD", description="the currency of cents (setting `currency`)")
     period_start: UtcTime | None = Field(default=None, description="the current period's start (UTC)")
     period_end: UtcTime | None = Field(default=None, description="the current period's end, when the budget renews")
+
+
+class BudgetChange(_Response):
+    """What a budget update or deletion did, or (dry_run) would do."""
+
+    budget: BudgetOut
+    dry_run: bool
+    changes: list[str]
 
 
 class UsageOut(_Response):
@@ -578,6 +639,7 @@ class UsageOut(_Response):
     memory_gib_hours: float = 0
     cost: float
     entries: int
+    currency: str = Field(default="USD", description="the currency of cost (setting `currency`)")
 
 
 class SampleOut(_Response):

@@ -10,12 +10,14 @@ import argparse
 import faulthandler
 import signal
 import sys
+import traceback
 
 import uvicorn
+from sqlalchemy.exc import DBAPIError
 
 from gpupool.server import failpoints, keyring
 from gpupool.server.app import create_app, server_options
-from gpupool.server.db.engine import Database, migrate
+from gpupool.server.db.engine import Database, debug, failure, migrate
 from gpupool.server.db.migrating import SchemaMismatch
 from gpupool.server.settings import Settings
 
@@ -45,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         migrate(settings.db_url)
     except SchemaMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except DBAPIError as exc:  # a wrong password, a database down or missing: one line, the traceback on --debug
+        if debug():
+            traceback.print_exc()
+        print(f"error: {failure(exc, settings.db_url)}", file=sys.stderr)
         return 3
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,

@@ -48,7 +48,7 @@ from gpupool.server.db.models import Allocation, AllocationSlot, Job
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, QueueIndex, job_spec
 from gpupool.server.keyring import Keyring, KeyringError
 from gpupool.server.metrics import Metrics
-from gpupool.server.routers import api, sessions, usage
+from gpupool.server.routers import api, changes, sessions, usage
 from gpupool.server.routers import audit as audit_routes
 from gpupool.server.routers import nodes as nodes_routes
 from gpupool.server.scheduler.binder import Binder
@@ -195,6 +195,7 @@ def create_app(settings: Settings) -> FastAPI:
     _guard(app, settings, db, metrics)
     app.include_router(api.router)
     app.include_router(nodes_routes.router)
+    app.include_router(changes.router)
     app.include_router(sessions.router)
     app.include_router(usage.router)
     app.include_router(audit_routes.router)

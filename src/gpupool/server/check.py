@@ -20,14 +20,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import func, make_url, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from gpupool.server.db.engine import Database
+from gpupool.server.db.engine import Database, debug, failure
 from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, LedgerEntry, UsageDaily
 from gpupool.server.services.metering import aware, milliseconds
 from gpupool.server.services.rollup import AMOUNTS, day_of, tags_key
@@ -201,7 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"database: {make_url(url).render_as_string(hide_password=True)}")
-    violations = run_checks(url)
+    try:
+        violations = run_checks(url)
+    except DBAPIError as exc:  # a wrong password, a database down or missing: one line, the traceback on --debug
+        if debug():
+            traceback.print_exc()
+        print(f"error: {failure(exc, url)}", file=sys.stderr)
+        return 2
     for line in violations:
         print(line)
     print(f"{len(violations)} invariant violations")

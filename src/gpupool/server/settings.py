@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -122,6 +123,11 @@ class Settings(BaseModel):
     registry_allow: str = ""
     #: bytes of one attempt's log the control plane keeps: the tail, with the cut marked (see server.joblogs)
     max_log_bytes_per_job: int = Field(default=100 << 20, ge=64 << 10)
+    #: what a queue change whose guarantees exceed the pool's capacity (one queue's, or the top-level queues'
+    #: together) gets: `warn` (made, the answer warns with the figures) or `refuse` (422 with the figures)
+    quota_above_capacity: Literal["warn", "refuse"] = "warn"
+    #: the ISO 4217 code of the currency prices are set in (cents are its hundredths); shown with every amount
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -4,13 +4,14 @@ crash), foreign keys on and a busy timeout; PostgreSQL keeps its durable default
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
@@ -72,6 +73,24 @@ def unreachable(exc: BaseException) -> bool:
     shutting down, SQLite locked or failing I/O), as opposed to a refused statement (a constraint, bad data)."""
     return isinstance(exc, OperationalError | InterfaceError | PoolTimeout) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def failure(exc: BaseException, url: str) -> str:
+    """One line for a person: which database could not be used (password hidden), the driver's own first line, and
+    what to check (for PostgreSQL: the user, password, host, port and database name of the URL)."""
+    shown = make_url(url).render_as_string(hide_password=True)
+    cause = getattr(exc, "orig", None) or exc
+    first = next((part.strip() for part in str(cause).splitlines() if part.strip()), type(cause).__name__)
+    first = first.removeprefix("(psycopg.OperationalError) ")
+    check = ("check the URL's user, password, host, port and database name (--database-url or "
+             "GPUPOOL_DATABASE_URL), and that PostgreSQL runs there") if shown.startswith("postgresql") else (
+        "check that the data dir exists and is writable by this user")
+    return f"cannot use the database {shown}: {first}; {check}"
+
+
+def debug() -> bool:
+    """Whether the user asked for tracebacks (`gpupool --debug` sets GPUPOOL_DEBUG=1 for the processes it starts)."""
+    return bool(os.environ.get("GPUPOOL_DEBUG"))
 
 
 class Database:

@@ -129,7 +129,8 @@ def create_join_token(body: api.JoinTokenCreate, who: Caller, db: Db, request: R
 
 @router.post("/queues", response_model=api.QueueOut, status_code=201, tags=["queues"])
 async def create_queue(body: api.QueueCreate, who: Caller, request: Request) -> api.QueueOut:
-    out = await _in_one_call(request.app.state.db, lambda session: cluster.create_queue(session, who, body))
+    mode = request.app.state.settings.quota_above_capacity
+    out = await _in_one_call(request.app.state.db, lambda session: cluster.create_queue(session, who, body, mode))
     request.app.state.scheduler.wake()
     return out
 
@@ -168,10 +169,13 @@ def list_jobs(who: Caller, db: Db, state: Annotated[str | None, Query(max_length
               project: Annotated[str | None, Query(max_length=64)] = None,
               tag: Annotated[str | None, Query(pattern=api.TAG_FILTER)] = None,
               cursor: Annotated[str | None, Query(max_length=64)] = None,
-              limit: Annotated[int, Query(ge=1, le=500)] = 50) -> api.JobPage:
+              limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              id_prefix: Annotated[str | None, Query(pattern=api.ID_PREFIX, description=(
+                  "only jobs whose id begins with these hex digits (a unique prefix names one job)"))] = None,
+              ) -> api.JobPage:
     if state is not None and state not in api.JOB_STATES:
         raise HTTPException(422, f"state: choose from {', '.join(api.JOB_STATES)}")
-    return jobs.list_jobs(db, who, state, queue, project, tag, cursor, limit)
+    return jobs.list_jobs(db, who, state, queue, project, tag, cursor, limit, id_prefix)
 
 
 @router.get("/jobs/{job_id}", response_model=api.JobOut, tags=["jobs"])

@@ -16,7 +16,7 @@ from gpupool.protocol import api
 from gpupool.server.auth import Principal, principal_from, require
 from gpupool.server.db.models import Budget, ClusterSample, Price, Project, ResourcePrice
 from gpupool.server.db.repositories import find_queue, upsert
-from gpupool.server.services import metering
+from gpupool.server.services import budgets, metering
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
 Caller = Annotated[Principal, Depends(principal_from)]
@@ -74,19 +74,8 @@ def list_prices(who: Caller, db: Db) -> list[api.PriceSet]:
     return [api.PriceSet(model=p.model, cents_per_gpu_hour=p.cents_per_gpu_hour) for p in db.scalars(select(Price))]
 
 
-def _budget_out(db: Session, budget: Budget) -> api.BudgetOut:
-    now = datetime.now(UTC)
-    hours, cents = metering.budget_use(db, budget, now)
-    return api.BudgetOut(id=budget.id, scope=budget.scope, name=budget.name, period=budget.period,
-                         gpu_hours=budget.gpu_hours, cents=budget.cents, hard=budget.hard,
-                         used_gpu_hours=round(hours, 4), used_cents=round(cents, 2),
-                         exceeded=metering.exceeded(budget, hours, cents),
-                         period_start=metering.period_start(budget.period, now),
-                         period_end=metering.period_end(budget.period, now))
-
-
 @router.post("/budgets", response_model=api.BudgetOut, status_code=201)
-def create_budget(body: api.BudgetCreate, who: Caller, db: Db) -> api.BudgetOut:
+def create_budget(body: api.BudgetCreate, who: Caller, db: Db, request: Request) -> api.BudgetOut:
     require(who, "tenant-admin")
     if (body.gpu_hours is None) == (body.cents is None):
         raise HTTPException(422, "gpu_hours, cents: set exactly one of them")
@@ -105,14 +94,16 @@ def create_budget(body: api.BudgetCreate, who: Caller, db: Db) -> api.BudgetOut:
         db.flush()
     except IntegrityError:
         raise HTTPException(409, f"{body.scope} {body.name!r} already has a budget") from None
-    return _budget_out(db, budget)
+    request.app.state.scheduler.budgets_changed()
+    return budgets.budget_out(db, budget, request.app.state.settings.currency)
 
 
 @router.get("/budgets", response_model=list[api.BudgetOut])
-def list_budgets(who: Caller, db: Db) -> list[api.BudgetOut]:
+def list_budgets(who: Caller, db: Db, request: Request) -> list[api.BudgetOut]:
     require(who, "viewer")
     rows = db.scalars(select(Budget).order_by(Budget.scope, Budget.name))
-    return [_budget_out(db, b) for b in rows if who.is_operator or b.org_id == who.org_id]
+    currency = request.app.state.settings.currency
+    return [budgets.budget_out(db, b, currency) for b in rows if who.is_operator or b.org_id == who.org_id]
 
 
 def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
@@ -125,11 +116,13 @@ def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
 
 
 @router.get("/usage", response_model=list[api.UsageOut])
-def usage(who: Caller, db: Db, start: Annotated[api.Moment | None, Query(alias="from", max_length=32)] = None,
+def usage(who: Caller, db: Db, request: Request,
+          start: Annotated[api.Moment | None, Query(alias="from", max_length=32)] = None,
           end: Annotated[api.Moment | None, Query(alias="to", max_length=32)] = None,
           by: Annotated[str, Query(max_length=70)] = "project") -> list[dict[str, object]]:
     frm, to = _window(start, end)
-    return metering.usage(db, who, frm, to, by)
+    currency = request.app.state.settings.currency
+    return [row | {"currency": currency} for row in metering.usage(db, who, frm, to, by)]
 
 
 @router.get("/usage/statement")

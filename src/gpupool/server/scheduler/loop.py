@@ -88,6 +88,12 @@ class SchedulerLoop:
     def wake(self) -> None:
         self._wake.set()
 
+    def budgets_changed(self) -> None:
+        """A budget was changed or deleted: read the hard budgets afresh in the next cycle (which this wakes), so
+        that undoing one lets the jobs it held start at once."""
+        self._budgets_at = float("-inf")
+        self._wake.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)

@@ -15,7 +15,7 @@ from gpupool.protocol.devices import GpuTelemetry
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Gpu, Job, Node, Org, Project, QueueRow, User
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, QueueIndex
-from gpupool.server.services import ceilings
+from gpupool.server.services import ceilings, quota_tree
 from gpupool.server.services.tenancy import org_for
 
 
@@ -27,11 +27,13 @@ def _resources(raw: api.Resources | None) -> dict[str, object] | None:
 HOLDING_STATES = ("pending", "scheduled", "running")
 
 
-def create_queue(session: Session, principal: Principal, body: api.QueueCreate) -> api.QueueOut:
+def create_queue(session: Session, principal: Principal, body: api.QueueCreate,
+                 above_capacity: str = quota_tree.WARN) -> api.QueueOut:
     """Operators create any queue (of an organisation, or shared with `org` unset); tenant admins create queues of
     their organisation, at the top or under its own queues, within its ceiling (services.ceilings). Names are
     unique within an organisation and among shared queues, and no organisation's queue takes a shared queue's
-    name: a 409 names only a queue the caller can see."""
+    name: a 409 names only a queue the caller can see. The quota tree is checked (services.quota_tree; a guarantee
+    above the pool's capacity is a warning in the answer, or a 422 when `above_capacity` is "refuse")."""
     require(principal, "tenant-admin")
     org = org_for(session, principal, body.org) if (body.org or not principal.is_operator) else None
     if org is not None and not principal.is_operator:
@@ -52,11 +54,18 @@ def create_queue(session: Session, principal: Principal, body: api.QueueCreate) 
     session.add(row)
     try:
         session.flush()
-        QueueIndex.load(session).tree()  # the whole tree must stay valid
+        index = QueueIndex.load(session)
+        index.tree()  # the whole tree must stay valid
     except IntegrityError:
         raise HTTPException(409, f"queue {body.name!r} exists") from None
     except ValueError as exc:
         raise HTTPException(422, f"queue: {exc}") from None
+    warnings = quota_tree.check(session, index, row, above_capacity)
+    return queue_out(session, row).model_copy(update={"warnings": warnings})
+
+
+def queue_out(session: Session, row: QueueRow) -> api.QueueOut:
+    """`row` as the API shows it, without usage figures (after a change)."""
     return _queue_out(session, row, "", {}, {}, {})
 
 

@@ -244,8 +244,12 @@ def job_out(session: Session, job: Job, with_allocations: bool = False, project_
 
 
 def list_jobs(session: Session, principal: Principal, state: str | None, queue: str | None, project: str | None,
-              tag: str | None, cursor: str | None, limit: int) -> api.JobPage:
+              tag: str | None, cursor: str | None, limit: int, id_prefix: str | None = None) -> api.JobPage:
+    """The jobs the caller may see, newest first, filtered; `id_prefix` (hex digits, checked by the route) keeps the
+    jobs whose id begins with it: how the CLI takes unique prefixes of ids, among the caller's jobs only."""
     query = select(Job).order_by(Job.seq.desc())
+    if id_prefix:
+        query = query.where(Job.id.startswith(id_prefix, autoescape=True))
     if not principal.is_operator:
         query = query.where(Job.org_id == principal.org_id)
     if not principal.at_least("tenant-admin"):

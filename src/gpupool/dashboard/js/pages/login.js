@@ -15,7 +15,7 @@ export function render(ctx) {
     h('label', { for: 'token' }, 'API token'), input,
     h('button', { type: 'submit' }, 'Sign in'), message,
     h('p', { class: 'muted small' }, 'Operators find the first token in DATA_DIR/admin.token; everyone else gets one ',
-      'from an admin (', h('code', {}, 'POST /api/v1/tokens'), '). ',
+      'from an admin (', h('code', {}, 'gpupool token create --user NAME'), '). ',
       'This tab keeps only a session token (12 h; "Log out" revokes it), sent to this server alone.'));
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
