@@ -151,6 +151,9 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST /api/v1/join-tokens", ""): {"ttl_s": 600},
     ("POST /api/v1/queues", ""): {"name": "q1"},
     ("POST /api/v1/queues", "guaranteed"): {"name": "q1", "guaranteed": {"gpus": "1"}},
+    ("PATCH /api/v1/queues/{name}", ""): {"priority": 0},
+    ("PATCH /api/v1/queues/{name}", "guaranteed"): {"guaranteed": {"gpus": "1"}},
+    ("PATCH /api/v1/budgets/{budget_id}", ""): {"hard": False},
     ("POST /api/v1/jobs", ""): {"command": ["true"], "gpus": "0.5"},
     ("POST /api/v1/jobs/{job_id}/approve", ""): {"note": "ok"},
     ("POST /api/v1/jobs/{job_id}/deny", ""): {"note": "no"},
@@ -164,9 +167,6 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PUT /api/v1/orgs/{name}/ceiling", ""): {"max_priority": 0},
     ("PUT /api/v1/orgs/{name}/ceiling", "guaranteed"): {"guaranteed": {"gpus": "1"}},
     ("POST /api/v1/budgets", ""): {"scope": "project", "name": "default", "gpu_hours": 10},
-    ("PATCH /api/v1/queues/{name}", ""): {"priority": 0},
-    ("PATCH /api/v1/queues/{name}", "guaranteed"): {"guaranteed": {"gpus": "1"}},
-    ("PATCH /api/v1/budgets/{budget_id}", ""): {"hard": False},
 }
 # Server-owned names a client might try to set (S3), and a plain typo.
 UNKNOWN = ("colour", "tenant_id", "org_id", "project_id", "owner", "status", "state", "node_id", "gpu_ids", "quota",
