@@ -4,6 +4,7 @@ output catches what it should."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,13 @@ def test_the_output_check_catches_reprs_and_tracebacks() -> None:
     for bad in ("{'gpus': '1'}", "['A100']", "Value error, must be", "Traceback (most recent call last):"):
         assert cli_output_problems(bad), bad
     assert not cli_output_problems('{"gpus": "1"}', b"gpus=1 A100, H100")
+
+
+@pytest.mark.parametrize("command", [["usage"], ["samples"], ["budget", "list"], ["price", "list"], ["org", "list"],
+                                     ["project", "list"], ["user", "list"], ["token", "list"], ["whoami"], ["top"],
+                                     ["nodes"], ["queues"], ["audit"], ["jobs"]], ids=" ".join)
+def test_every_table_prints_for_people(server: Server, command: list[str]) -> None:
+    """Each listing runs at 80 columns (the output check of tests/conftest.py reads it) and its --json parses."""
+    _run(*command, url=server.url, token=server.token)
+    if command != ["usage"]:
+        json.loads(_run(*command, "--json", url=server.url, token=server.token).stdout)

@@ -42,8 +42,8 @@ def usage(start: str | None = typer.Option(None, "--from", help="ISO date, defau
         console.out(out.getvalue(), highlight=False, end="")
         return
     if fmt == "table":
-        rows = [r | {k: gpu_hours(r[k]) for k in USAGE_COLUMNS[:3]} | {"cost": money(r["cost"] * 100, r["currency"])}
-                for r in rows]
+        rows = [r | {k: gpu_hours(r[k]) for k in USAGE_COLUMNS[:3]}
+                | {"cost": money(r["cost"] * 100, r.get("currency", "USD"))} for r in rows]
     show(rows, fmt == "json", [(by, "key"), ("GPU-hours", "gpu_hours"), ("CPU-core-hours", "cpu_hours"),
                                ("memory GiB-hours", "memory_gib_hours"), ("cost", "cost"), ("entries", "entries")],
          title="usage")
