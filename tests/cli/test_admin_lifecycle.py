@@ -1,8 +1,8 @@
 """An admin's whole lifecycle through the CLI only (issue 43): a real control plane and a real agent with fake GPUs
 on loopback, every step a `gpupool` process. The operator creates an organisation, a project, users and their
 tokens; a user submits; the quota tree refuses a child guaranteeing more than its parent allows and warns about a
-guarantee above the pool; queues and budgets are updated (with --dry-run) and deleted, and a hard budget set by
-mistake, which holds the user's next job, is undone so that the job starts."""
+guarantee above the pool; queues and budgets are updated (with --dry-run) and deleted, a hard budget set by
+mistake, which holds the user's next job, is undone so that the job starts, and the node is drained and removed."""
 
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ def test_an_admin_runs_the_pool_through_the_cli_alone(tmp_path: Path) -> None:
         _quota_tree(op)
         job = _mistaken_hard_budget(pool, boss, alice)
         _queue_changes(op, boss, alice, job)
-        # --- nodes-drain: `gpupool node drain gpu-a` and `gpupool node remove gpu-a` go here (the lead joins the
-        # branch that adds them) ---
+        _drain_and_remove(op)
         _tokens(boss, alice)
     assert not pool.violations
 
@@ -144,6 +143,17 @@ def _queue_changes(op: Cli, boss: Cli, alice: Cli, job: str) -> None:
     assert alice.json("job", "show", held["id"][:12])["queue"] == "sub"  # type: ignore[index]
     alice.run("job", "cancel", held["id"][:12])  # type: ignore[index]
     assert f"job not found: {job[:6]}zz" in alice.run("job", "show", f"{job[:6]}zz", status=1)
+
+
+def _drain_and_remove(op: Cli) -> None:
+    """The empty node is drained (no new work; `gpupool nodes` says so), then removed: it leaves the list."""
+    assert op.json("node", "drain", "gpu-a", "--deadline", "1h", "--dry-run")["work"] == []  # type: ignore[index]
+    op.run("node", "drain", "gpu-a", "--deadline", "1h")
+    node = next(n for n in op.json("nodes") if n["name"] == "gpu-a")  # type: ignore[union-attr]
+    assert node["drain_since"] and node["drain_deadline"]  # type: ignore[index]
+    assert "drain" in op.run("nodes")
+    op.run("node", "remove", "gpu-a")
+    assert "gpu-a" not in [n["name"] for n in op.json("nodes")]  # type: ignore[union-attr]
 
 
 def _tokens(boss: Cli, alice: Cli) -> None:

@@ -16,6 +16,9 @@ from gpupool.cli.main import app
 from gpupool.devtools.harness import Server, start_server, stop_server
 
 COMMANDS = {  # "METHOD /path" -> the command that calls it
+    "POST /api/v1/nodes/{name}/drain": "node drain",
+    "POST /api/v1/nodes/{name}/undrain": "node undrain",
+    "DELETE /api/v1/nodes/{name}": "node remove",
     "GET /api/v1/whoami": "whoami",
     "GET /api/v1/orgs": "org list",
     "POST /api/v1/orgs": "org create",
