@@ -208,7 +208,6 @@ def test_trees_sites_and_burn_on_made_up_data(tab: Tab, live: Live) -> None:
     assert not tab.script_errors(), tab.errors
 
 
-@pytest.mark.xfail(strict=True, reason="needs admin-cli prefix resolution")
 def test_the_cli_accepts_the_short_id_the_dashboard_shows(live: Live, research: dict[str, Any]) -> None:
     env = {**os.environ, "GPUPOOL_URL": live.url, "GPUPOOL_TOKEN": live.server.token}
     shown = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "job", "show", research["id"][:12]], env=env,
