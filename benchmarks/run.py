@@ -2,7 +2,8 @@
 
 Suites:
   fill   the FGD paper's 17 traces x 6 policies x seeds 42-51 on openb, compared with the published
-         per-seed results shipped in ../shared/traces/fgd-artifact-results (the baseline, read in this run)
+         per-seed results shipped in ../shared/traces/fgd-artifact-results (the baseline, read in this run),
+         and gpupool's `best` beside `fgd` on each trace
   speed  placement decisions per second of `fgd` and `best` at about 1k, 5k and 10k nodes (scaled copies of
          openb), against an uncached per-node evaluation measured in the same run
   cycle  scheduling-cycle latency (p50, p99) with 1,000 pending jobs in 4 queues on openb, per profile
@@ -40,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle", "control-plane", "usage"], default="all")
     parser.add_argument("--traces", default=",".join(FGD_TRACES), help="comma-separated openb pod lists")
-    parser.add_argument("--policies", default="random,dotprod,gpuclustering,gpupacking,bestfit,fgd")
+    parser.add_argument("--policies", default="random,dotprod,gpuclustering,gpupacking,bestfit,fgd,best")
     parser.add_argument("--seeds", default="42-51")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))

@@ -7,6 +7,7 @@ import pytest
 from gpupool.core import Workload
 from gpupool.core.fragmentation import FragModel, Leftovers, TaskClass, model_pressure
 from gpupool.core.nodes import NodeKind, NodeState
+from gpupool.core.plugins.score.fgd import FgdPolicy
 from gpupool.core.plugins.score.strand_aware import StrandAwarePolicy
 from gpupool.core.testing.builders import make_node, make_shape
 
@@ -116,3 +117,19 @@ def test_a_fraction_goes_where_its_leftover_can_still_be_filled():
     assert fgd.score(*used, task) == fgd.score(*fresh, task) == 50
     best = StrandAwarePolicy(fractions)
     assert (best.score(*used, task), best.score(*fresh, task)) == (50, 45)
+
+
+def test_a_cpu_only_task_descends_fgd_fragmentation_alone():
+    # A 4-core CPU-only task on a CPU-tight G2 (12 cores for 2 idle GPUs) would raise the stranding term from
+    # 2 * (2000 - 12000 / 8) = 1000 to 2 * (2000 - 8000 / 8) = 2000 (score trunc(100 * sigmoid(-1)) = 26), and
+    # on a CPU-rich G2 leave it 0 (50). `best` scores it as FGD does: ANYWHERE still fits both and T4_ONLY fits
+    # neither before or after, F_n(M) does not move, a tie at 50 that the node order breaks.
+    tight, rich = node("G2", 12_000, (1000, 1000)), node("G2", 64_000, (1000, 1000))
+    with_terms = FragModel(HALF_T4, strand_weight=2.0, scarcity_weight=1.0)
+    assert with_terms.frag("G2", 8000, (1000, 1000)) - with_terms.frag("G2", 12_000, (1000, 1000)) == 1000.0
+    task = make_shape(0, cpu_milli=4000)
+    best = StrandAwarePolicy(HALF_T4)
+    assert best.score(*tight, task) == best.score(*rich, task) == 50
+    # GPU tasks keep the terms: a CPU-light GPU task on the tight node cuts its stranding (81, FGD alone 62)
+    gpu_task = make_shape(1000, cpu_milli=4000)
+    assert (best.score(*tight, gpu_task), FgdPolicy(HALF_T4).score(*tight, gpu_task)) == (81, 62)

@@ -18,6 +18,7 @@ from typer.exceptions import TyperException
 
 from gpupool.cli.render import error
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
+from gpupool.sim.fill import NODE_ORDERS, NodeOrder
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.traces.bounds import MAX_FILE_BYTES, check_size
 from gpupool.sim.traces.errors import TraceError
@@ -91,6 +92,13 @@ def _seeds(text: str) -> list[int]:
         raise typer.BadParameter(str(exc).removeprefix("--seeds: "), param_hint="--seeds") from None
 
 
+def _node_order(text: str) -> NodeOrder:
+    for order in NODE_ORDERS:
+        if text == order:
+            return order
+    raise typer.BadParameter(f"{text}: must be one of {', '.join(NODE_ORDERS)}", param_hint="--node-order")
+
+
 def _existing(path: Path, option: str) -> Path:
     if not path.is_file():
         raise typer.BadParameter(f"{path}: no such file", param_hint=option)
@@ -109,6 +117,9 @@ def fill(
     timing: bool = typer.Option(True, help="record decisions_per_s (wall clock; --no-timing makes "
                                 "results.csv byte-identical across runs)"),
     quiet: bool = typer.Option(False, help="no progress bar"),
+    node_order: str = typer.Option("shuffled", help="ties between equal nodes: 'shuffled' (a seeded random node "
+                                   "order per run, as the paper's simulator) or 'name' (node names, as the live "
+                                   "scheduler)"),
 ) -> None:
     """FGD-paper protocol: submit pods one at a time until `demand` x capacity, no departures."""
     from gpupool.sim.experiment import run_fill_sweep
@@ -118,7 +129,7 @@ def fill(
         _existing(p, "--pods")
     with _reported():
         summary = run_fill_sweep(nodes, pods, _policies(policy), _seeds(seeds), _demand(demand), out, jobs,
-                                 timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet)
+                                 timing, shlex.join(["gpupool", *sys.argv[1:]]), quiet, _node_order(node_order))
     _print_summary([(out, summary)])
     console.print(f"results: {out / 'results.csv'}\nreport:  {out / 'report.md'}")
 

@@ -27,7 +27,7 @@ from gpupool.core import (
 from gpupool.core.fragmentation import FragModel
 from gpupool.sim import fill_report, plots, replay_report
 from gpupool.sim.bound import lp_bound
-from gpupool.sim.fill import run_fill, tune
+from gpupool.sim.fill import NodeOrder, run_fill, shuffled_names, tune
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
 from gpupool.sim.tenants import assign_by_hash, load_queues
@@ -63,6 +63,7 @@ class FillTask:
     seed: int
     demand: Fraction
     timing: bool
+    node_order: NodeOrder = "shuffled"
 
 
 def fill_task(task: FillTask) -> list[dict[str, str]]:
@@ -71,7 +72,10 @@ def fill_task(task: FillTask) -> list[dict[str, str]]:
     pods = list(load_pods(task.pods))
     workload = target_workload(pods, nodes)
     capacity = sum(len(n.gpus) for n in nodes) * 1000
-    order = tune(pods, capacity, task.demand, random.Random(task.seed))
+    rng = random.Random(task.seed)
+    order = tune(pods, capacity, task.demand, rng)
+    if task.node_order == "shuffled":  # drawn after the pods, as the FGD artifact draws its node names
+        nodes = shuffled_names(nodes, rng)
     profile = placement_profile(task.policy).with_workload(workload)
     run = run_fill(nodes, order, profile, task.seed, FragModel(workload))
     target = int(task.demand * 100)
@@ -120,12 +124,13 @@ def _replay_inputs(nodes: Path, pods: list[Path]) -> None:
 
 
 def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], demand: Fraction,
-                   out: Path, jobs: int, timing: bool, command: str, quiet: bool = False) -> dict[str, object]:
+                   out: Path, jobs: int, timing: bool, command: str, quiet: bool = False,
+                   node_order: NodeOrder = "shuffled") -> dict[str, object]:
     for policy in policies:
         placement_profile(policy)
     _fill_inputs(nodes, pods, demand)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = [FillTask(str(nodes), str(p), policy, seed, demand, timing)
+    tasks = [FillTask(str(nodes), str(p), policy, seed, demand, timing, node_order)
              for p in pods for policy in policies for seed in seeds]
     rows = [row for rows in run_all(fill_task, tasks, jobs, "fill runs", quiet) for row in rows]
     fill_report.write_results(out, rows)
@@ -135,8 +140,8 @@ def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: li
                                                 Fraction(level, 100)).pct
               for p in pods for level in fill_report.SUMMARY_LEVELS}
     summary = fill_report.summarise(rows, {trace_name(p): total_gpus for p in pods}, bounds)
-    document = {"protocol": "fill", "demand": str(demand), "seeds": seeds, "command": command,
-                "nodes": str(nodes), "total_gpus": total_gpus, "traces": summary}
+    document = {"protocol": "fill", "demand": str(demand), "seeds": seeds, "node_order": node_order,
+                "command": command, "nodes": str(nodes), "total_gpus": total_gpus, "traces": summary}
     fill_report.write_summary(out, document)
     images = plots.fill_plots(out, rows)
     plots.write_report(out, "gpupool fill simulation", command, summary_table(summary), images)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Literal
 
 from gpupool.core import (
     Bind,
@@ -26,6 +27,11 @@ from gpupool.core import (
 from gpupool.core.fragmentation import FragModel
 from gpupool.sim.cluster import SimCluster
 from gpupool.sim.traces.openb import Pod
+
+#: how ties between equal nodes fall: "shuffled" (the paper's protocol: a seeded random node order per run) or
+#: "name" (the trace's node names, as the live scheduler breaks ties)
+NodeOrder = Literal["shuffled", "name"]
+NODE_ORDERS: tuple[NodeOrder, ...] = ("shuffled", "name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,22 @@ def tune(pods: list[Pod], capacity_milli: int, demand: Fraction, rng: random.Ran
         copies += 1
         order.append((f"{pod.name}~{copies}", pod))
         total += pod.shape.total_gpu_milli
+
+
+def shuffled_names(nodes: list[NodeSpec], rng: random.Random) -> list[NodeSpec]:
+    """The nodes, sorted by name, each renamed `<rank>-<name>` with its rank in a uniform permutation drawn from `rng`
+    (zero-padded, at least 4 digits, so that name order is rank order).
+
+    Ties between equal scores go to the lowest node name, and a trace's names group nodes of one kind (openb's first
+    22 are 2-GPU P100 nodes), so name order decides where the nodes that every policy scores alike fill up first:
+    CPU-only pods under GpuPacking, GpuClustering and FGD above all. The FGD artifact renames its nodes this way on
+    every run, so its "lowest name" is a per-seed random order, and the published results average over it.
+    """
+    ordered = sorted(nodes, key=lambda n: n.name)
+    ranks = list(range(len(ordered)))
+    rng.shuffle(ranks)
+    width = max(4, len(str(len(ordered) - 1)))
+    return [replace(n, name=f"{rank:0{width}d}-{n.name}") for n, rank in zip(ordered, ranks, strict=True)]
 
 
 def run_fill(nodes: list[NodeSpec], order: list[tuple[str, Pod]], profile: Profile, seed: int,

@@ -33,6 +33,10 @@ class FgdPolicy(ScorePlugin, DevicePlugin):
         """The fragmentation measure this policy descends (plain FGD: F_n(M))."""
         return FragModel(workload)
 
+    def frag_for(self, shape: TaskShape) -> FragModel:
+        """The fragmentation measure a task of `shape` descends (plain FGD: F_n(M) for every task)."""
+        return self.frag
+
     def score(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
         return self._best(kind, state, shape)[0]
 
@@ -44,7 +48,7 @@ class FgdPolicy(ScorePlugin, DevicePlugin):
         return fraction_share(shape, self._best(kind, state, shape)[1])
 
     def _best(self, kind: NodeKind, state: NodeState, shape: TaskShape) -> tuple[int, int]:
-        frag = self.frag.frag
+        frag = self.frag_for(shape).frag
         before = frag(kind.model, state.cpu_free, state.gpu_free)
         cpu_after = state.cpu_free - shape.cpu_milli
         if not shape.is_shared:
