@@ -19,9 +19,11 @@ from typer.exceptions import TyperException
 from gpupool.cli.render import error
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
 from gpupool.sim.sweep import parse_seeds
+from gpupool.sim.tenants import TENANTS
 from gpupool.sim.traces.bounds import MAX_FILE_BYTES, check_size
 from gpupool.sim.traces.errors import TraceError
-from gpupool.sim.traces.openb import read_nodes, read_pods
+from gpupool.sim.traces.jobtable import read_workload
+from gpupool.sim.traces.openb import read_nodes
 
 app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
@@ -137,7 +139,7 @@ def bound(
     levels = [_demand(d.strip()) for d in demand.split(",") if d.strip()]
     with _reported(ValueError):
         node_list = read_nodes(nodes)
-        results = [(p, level, lp_bound(node_list, [q.shape for q in read_pods(_existing(p, "--pods"))], level))
+        results = [(p, level, lp_bound(node_list, [q.shape for q in read_workload(_existing(p, "--pods"))], level))
                    for p in pods for level in levels]
     if as_json:
         console.print_json(json.dumps([{"pods": str(p), "demand": str(level), "bound_pct": round(b.pct, 3),
@@ -252,8 +254,9 @@ def replay(
         "waiting over 2 h)")),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
-    queues: Path | None = typer.Option(None, help="queue tree YAML (docs: Queues and quotas); enables quotas and "
-                                                  "fair share"),
+    queues: Path | None = typer.Option(None, help="queue tree YAML (docs: Queues and quotas), or `tenants`: one "
+                                                  "queue per tenant of the trace (docs: Trace files); enables quotas "
+                                                  "and fair share"),
     assign: str = typer.Option("hash", help="how jobs map to leaf queues: hash (stable hash of the name) or "
                                "column (the pod list's queue column)"),
     profile: str | None = typer.Option(None, help="multi-tenant profiles, comma-separated: "
@@ -267,6 +270,8 @@ def replay(
     estimates: str = typer.Option("predicted", help=(
         "runtime estimates: predicted (from past jobs of the same user, queue and shape, as in production) or "
         "exact (each job's true duration: an oracle bound on what better estimates could buy)")),
+    submitted: str = typer.Option("", help="replay only jobs submitted in FROM,UNTIL (trace clock: whole seconds or "
+                                  "ISO-8601 times such as 2017-10-02; either side may be empty)"),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -275,7 +280,7 @@ def replay(
     _existing(nodes, "--nodes")
     for p in pods:
         _existing(p, "--pods")
-    if queues is not None:
+    if queues is not None and str(queues) != TENANTS:
         _existing(queues, "--queues")
     if assign not in ("hash", "column"):
         raise typer.BadParameter("must be hash or column", param_hint="--assign")
@@ -283,7 +288,7 @@ def replay(
         raise typer.BadParameter("must be predicted or exact", param_hint="--estimates")
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
-                            node_stride, leave_one_out, estimates == "exact")
+                            node_stride, leave_one_out, estimates == "exact", _submitted(submitted))
     with _reported():
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
@@ -302,6 +307,23 @@ def replay(
                                           "fair_share_max_deviation_pct")))
     console.print(table)
     console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")
+
+
+def _submitted(text: str) -> tuple[int | None, int | None]:
+    from gpupool.sim.traces.jobtable import parse_time
+
+    if not text.strip():
+        return None, None
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise typer.BadParameter("give FROM,UNTIL (either may be empty)", param_hint="--submitted")
+    try:
+        begin, end = (parse_time(p)[0] if p.strip() else None for p in parts)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--submitted") from None
+    if begin is not None and end is not None and end <= begin:
+        raise typer.BadParameter("UNTIL must be after FROM", param_hint="--submitted")
+    return begin, end
 
 
 def _enough_jobs(pods: list[Path], leave_one_out: int) -> None:
@@ -350,6 +372,6 @@ def generate(
             weights[name] = float(value)
         spec = WorkloadSpec(load=load, days=days, gang_share=gang_share, limit_share=limit_share, seed=seed)
         capacity = sum(len(n.gpus) for n in read_nodes(nodes)[::node_stride])
-        count = write_workload(read_pods(source), capacity, weights, spec, out)
+        count = write_workload(read_workload(source), capacity, weights, spec, out)
     console.print(f"wrote {count} jobs to {out}\nnext: {sys.argv[0]} sim replay --nodes {nodes} --pods {out} "
                   f"--queues {queues} --assign column --profile fifo,default --out replay-out")

@@ -30,9 +30,10 @@ from gpupool.sim.bound import lp_bound
 from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
-from gpupool.sim.tenants import assign_by_hash, load_queues
+from gpupool.sim.tenants import NO_TENANT, TENANTS, assign_by_hash, load_queues, tenant_tree
 from gpupool.sim.traces.errors import TraceError
-from gpupool.sim.traces.openb import Pod, pod_duration, read_nodes, read_pods, require_times
+from gpupool.sim.traces.jobtable import read_workload
+from gpupool.sim.traces.openb import Pod, pod_duration, read_nodes, require_times
 
 
 def trace_name(pods_path: str | Path) -> str:
@@ -47,7 +48,7 @@ def load_nodes(path: str) -> tuple[NodeSpec, ...]:
 
 @lru_cache(maxsize=32)
 def load_pods(path: str) -> tuple[Pod, ...]:
-    return tuple(read_pods(path))
+    return tuple(read_workload(path))
 
 
 def target_workload(pods: list[Pod], nodes: list[NodeSpec]) -> Workload:
@@ -165,6 +166,8 @@ class ReplayTask:
     leave_out: str | None = None
     #: every job's runtime estimate is its true duration (an oracle), instead of the predictor's
     exact_estimates: bool = False
+    #: replay only the jobs submitted in [from, until) on the trace clock (None: open)
+    submitted: tuple[int | None, int | None] = (None, None)
 
     @property
     def label(self) -> str:
@@ -188,7 +191,8 @@ def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str =
         tasks = tuple(TaskSpec(f"{pod.name}/{k}", pod.shape) for k in range(pod.gang))
         at = pod.creation_time / time_scale
         duration = float(pod_duration(pod))
-        job = JobSpec(pod.name, tasks, queue=queue, priority=QOS_PRIORITY.get(pod.qos, 0), submitted_at=at,
+        priority = QOS_PRIORITY.get(pod.qos, 0) if pod.priority is None else pod.priority
+        job = JobSpec(pod.name, tasks, queue=queue, priority=priority, submitted_at=at,
                       runtime_limit_s=pod.runtime_limit_s, user=pod.user,
                       runtime_estimate_s=duration if exact_estimates else None)
         arrivals.append(JobArrival(at, job, duration))
@@ -215,16 +219,44 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     nodes = list(load_nodes(task.nodes))[:: task.node_stride]
     pods = list(load_pods(task.pods))
     require_times(task.pods, pods)
+    pods = submitted_between(pods, *task.submitted)
     if task.leave_out is not None:
         pods = [p for p in pods if p.name != task.leave_out]
-    tree = load_queues(task.queues) if task.queues else None
-    arrivals = openb_arrivals(pods, tree, task.assign, task.time_scale, task.exact_estimates)
+    tree, pods, assign = replay_queues(task.queues, task.assign, pods, nodes)
+    arrivals = openb_arrivals(pods, tree, assign, task.time_scale, task.exact_estimates)
     run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree).run()
     trace, label = trace_name(task.pods), task.label
     return (replay_report.sample_rows(trace, label, task.seed, run),
             replay_report.job_rows(trace, label, task.seed, run),
             replay_report.queue_rows(trace, label, task.seed, run),
             {"trace": trace, "policy": label, "seed": task.seed, **replay_report.run_summary(run, task.timing)})
+
+
+def submitted_between(pods: list[Pod], begin: int | None, end: int | None) -> list[Pod]:
+    """The pods submitted in [begin, end) (None: unbounded on that side); ValueError if none is."""
+    if begin is None and end is None:
+        return pods
+    kept = [p for p in pods if (begin is None or (p.creation_time or 0) >= begin)
+            and (end is None or (p.creation_time or 0) < end)]
+    if not kept:
+        raise ValueError(f"--submitted: no job of the trace was submitted in [{begin}, {end})")
+    return kept
+
+
+def replay_queues(queues: str | None, assign: str, pods: list[Pod],
+                  nodes: list[NodeSpec]) -> tuple[QueueTree | None, list[Pod], str]:
+    """(queue tree, pods, how jobs map to leaves): a queue file's, or with TENANTS the trace's tenants as queues
+    (each pod's queue column set to its tenant's leaf)."""
+    if queues is None:
+        return None, pods, assign
+    if queues != TENANTS:
+        return load_queues(queues), pods, assign
+    demand: dict[str, int] = {}
+    for p in pods:
+        tenant = p.queue or NO_TENANT
+        demand[tenant] = demand.get(tenant, 0) + p.shape.total_gpu_milli * p.gang * pod_duration(p)
+    tree, leaf_of = tenant_tree(demand, sum(len(n.gpus) for n in nodes) * 1000)
+    return tree, [replace(p, queue=leaf_of[p.queue or NO_TENANT]) for p in pods], "column"
 
 
 def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[str, object]]]:
@@ -259,6 +291,7 @@ class ReplayOptions:
     #: perturbed runs per trace, profile and seed, each with one job left out
     leave_one_out: int = 0
     exact_estimates: bool = False
+    submitted: tuple[int | None, int | None] = (None, None)
 
 
 def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
@@ -274,14 +307,14 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     for policy in policies:
         placement_profile(policy)
     _replay_inputs(nodes, pods)
-    if options.queues:
+    if options.queues and options.queues != TENANTS:
         load_queues(options.queues)
     out.mkdir(parents=True, exist_ok=True)
     # the unperturbed run first (None), then one per job left out
     left_out = {(p, seed): [None, *left_out_jobs(p, seed, options.leave_one_out)] for p in pods for seed in seeds}
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
-                        options.node_stride, left_out[(p, seed)][k], options.exact_estimates)
+                        options.node_stride, left_out[(p, seed)][k], options.exact_estimates, options.submitted)
              for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
              for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)

@@ -212,3 +212,30 @@ def assign_by_hash(name: str, leaves: Sequence[str]) -> str:
 
 def usage_units(usage: Mapping[str, ResourceVector]) -> dict[str, int]:
     return {q: v[GPU_UNITS] for q, v in usage.items()}
+
+
+#: queues a trace's tenants become at most (`tenant_tree`): the largest by GPU-seconds, the others share OTHER
+MAX_TENANT_QUEUES = 32
+OTHER = "other"
+#: `--queues tenants`: the trace's tenants become the queues (`tenant_tree`)
+TENANTS = "tenants"
+#: the queue of a job without a tenant
+NO_TENANT = "default"
+
+
+def tenant_tree(demand: Mapping[str, int], capacity_milli: int) -> tuple[QueueTree, dict[str, str]]:
+    """The rule by which a trace's tenants become queues: one flat leaf queue per tenant (jobs without one go to
+    NO_TENANT), the MAX_TENANT_QUEUES - 1 largest by GPU-seconds when there are more than MAX_TENANT_QUEUES, the
+    rest merged into OTHER. Each leaf is guaranteed the cluster's GPUs in proportion to its tenants' GPU-seconds
+    (`demand`: tenant -> milli-GPU-seconds), rounded down to a milli-GPU, with over-quota weight 1.
+    Returns the tree and tenant -> leaf."""
+    ranked = sorted(demand, key=lambda t: (-demand[t], t))
+    kept = set(ranked if len(ranked) <= MAX_TENANT_QUEUES else ranked[:MAX_TENANT_QUEUES - 1])
+    leaf_of = {t: t if t in kept else OTHER for t in ranked}
+    totals: dict[str, int] = {}
+    for tenant, work in demand.items():
+        totals[leaf_of[tenant]] = totals.get(leaf_of[tenant], 0) + work
+    everything = sum(totals.values()) or 1
+    specs = [QueueSpec(leaf, guaranteed=ResourceVector({GPU_UNITS: capacity_milli * work // everything}))
+             for leaf, work in sorted(totals.items())]
+    return QueueTree(specs), leaf_of
