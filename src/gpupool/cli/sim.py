@@ -197,21 +197,48 @@ def _figures(entry: object) -> bool:
 
 
 def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
+    """Each output's figures per trace, one column per policy, as mean [95% interval] over seeds; a fill summary
+    from before per-seed figures were kept prints as mean ± sd."""
+    from gpupool.sim.compare import fewest_seeds, fill_intervals, replay_intervals
+
+    seeds = []
+    for d, summary in loaded:
+        traces = summary.get("traces", {})
+        assert isinstance(traces, dict)
+        runs = summary.get("runs")
+        tables = (replay_intervals([r for r in runs if isinstance(r, dict)]) if isinstance(runs, list)
+                  else fill_intervals(traces))
+        if not tables:
+            _print_fill_sd(d, traces)
+            continue
+        seeds.append(fewest_seeds(tables))
+        for trace, metrics in tables.items():
+            policies = sorted({p for per in metrics.values() for p in per})
+            table = Table(title=f"{d} · {trace}: mean [95% CI over seeds] (docs: Replay, Metrics)")
+            table.add_column("figure")
+            for policy in policies:
+                table.add_column(policy, justify="right")
+            for label, per in metrics.items():
+                table.add_row(label, *(per[p].text() if p in per else "" for p in policies))
+            console.print(table)
+    if seeds and min(seeds) < 2:
+        console.print("[yellow]warning: one seed: no confidence interval, and no sign of how much the figures move "
+                      "between seeds; run at least 3 (--seeds 42-44)[/yellow]")
+
+
+def _print_fill_sd(d: Path, traces: dict[str, dict[str, dict[str, object]]]) -> None:
     table = Table(title="GPU allocation (%) by arrived demand, mean ± sd over seeds")
     for column in ("run", "trace", "policy", "@100", "@130", "unallocated GPUs @130", "LP bound @130",
                    "gap GPUs @130"):
         table.add_column(column, justify="left" if column in ("run", "trace", "policy") else "right")
-    for d, summary in loaded:
-        traces = summary.get("traces", {})
-        assert isinstance(traces, dict)
-        for trace, policies in traces.items():
-            ranked = sorted(policies.items(), key=lambda kv: -kv[1].get("at_130", {}).get("mean", 0))
-            for policy, levels in ranked:
-                a, b = levels.get("at_100", {}), levels.get("at_130", {})
-                bound = b.get("lp_bound", b.get("capacity_bound", ""))
-                table.add_row(str(d), trace, policy, f"{a.get('mean', '')} ± {a.get('sd', '')}",
-                              f"{b.get('mean', '')} ± {b.get('sd', '')}", str(b.get("unallocated_gpus", "")),
-                              str(bound), str(b.get("gap_gpus_to_lp_bound", "")))
+    for trace, policies in traces.items():
+        ranked = sorted(policies.items(), key=lambda kv: -kv[1].get("at_130", {}).get("mean", 0))
+        for policy, levels in ranked:
+            a, b = levels.get("at_100", {}), levels.get("at_130", {})
+            bound = b.get("lp_bound", b.get("capacity_bound", ""))
+            table.add_row(str(d), trace, policy, f"{a.get('mean', '')} ± {a.get('sd', '')}",
+                          f"{b.get('mean', '')} ± {b.get('sd', '')}", str(b.get("unallocated_gpus", "")),
+                          str(bound), str(b.get("gap_gpus_to_lp_bound", "")))
     console.print(table)
 
 
@@ -272,6 +299,10 @@ def replay(
         "exact (each job's true duration: an oracle bound on what better estimates could buy)")),
     submitted: str = typer.Option("", help="replay only jobs submitted in FROM,UNTIL (trace clock: whole seconds or "
                                   "ISO-8601 times such as 2017-10-02; either side may be empty)"),
+    warmup_s: float = typer.Option(0.0, min=0.0, help="measurement window: starts this long after the first "
+                                   "submission (docs: Replay, Metrics)"),
+    cooldown_s: float = typer.Option(0.0, min=0.0, help="measurement window: ends this long before the last "
+                                     "submission"),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -288,7 +319,8 @@ def replay(
         raise typer.BadParameter("must be predicted or exact", param_hint="--estimates")
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
-                            node_stride, leave_one_out, estimates == "exact", _submitted(submitted))
+                            node_stride, leave_one_out, estimates == "exact", _submitted(submitted),
+                            warmup_s, cooldown_s)
     with _reported():
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
@@ -306,6 +338,7 @@ def replay(
                                           "migrations_per_hour", "gpus_recovered_per_migration", "quota_violations",
                                           "fair_share_max_deviation_pct")))
     console.print(table)
+    _print_summary([(out, summary)])
     console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")
 
 

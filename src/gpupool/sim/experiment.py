@@ -168,6 +168,9 @@ class ReplayTask:
     exact_estimates: bool = False
     #: replay only the jobs submitted in [from, until) on the trace clock (None: open)
     submitted: tuple[int | None, int | None] = (None, None)
+    #: the measurement window: from the first submission + warmup_s to the last submission - cooldown_s
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
 
     @property
     def label(self) -> str:
@@ -224,12 +227,25 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
         pods = [p for p in pods if p.name != task.leave_out]
     tree, pods, assign = replay_queues(task.queues, task.assign, pods, nodes)
     arrivals = openb_arrivals(pods, tree, assign, task.time_scale, task.exact_estimates)
-    run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree).run()
+    window = measurement_window(arrivals, task.warmup_s, task.cooldown_s)
+    frag = FragModel(target_workload(pods, nodes))
+    run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree,
+                 window, frag).run()
     trace, label = trace_name(task.pods), task.label
     return (replay_report.sample_rows(trace, label, task.seed, run),
             replay_report.job_rows(trace, label, task.seed, run),
             replay_report.queue_rows(trace, label, task.seed, run),
             {"trace": trace, "policy": label, "seed": task.seed, **replay_report.run_summary(run, task.timing)})
+
+
+def measurement_window(arrivals: list[JobArrival], warmup_s: float, cooldown_s: float) -> tuple[float, float]:
+    """[first submission + warmup_s, last submission - cooldown_s) on the replay's clock; ValueError if empty."""
+    first, last = min(a.time for a in arrivals), max(a.time for a in arrivals)
+    begin, end = first + warmup_s, last - cooldown_s
+    if end <= begin and (warmup_s or cooldown_s):
+        raise ValueError(f"--warmup-s {warmup_s:g} and --cooldown-s {cooldown_s:g} leave no measurement window: "
+                         f"the jobs are submitted over {last - first:g} s")
+    return begin, max(end, begin + 1.0)
 
 
 def submitted_between(pods: list[Pod], begin: int | None, end: int | None) -> list[Pod]:
@@ -266,7 +282,9 @@ def _mean_summaries(runs: list[dict[str, object]]) -> dict[str, dict[str, dict[s
     out: dict[str, dict[str, dict[str, object]]] = {}
     for (trace, policy), items in sorted(grouped.items()):
         entry: dict[str, object] = {"seeds": len(items)}
-        for key in ("mean_wait_s", "p50_wait_s", "p99_wait_s", "gar_window", "started", "preemptions",
+        for key in ("mean_wait_s", "p50_wait_s", "p99_wait_s", "max_wait_s", "gar_window", "gar_run", "started",
+                    "never_started", "preemptions", "useful_gpu_hours", "redone_gpu_hours", "makespan_s",
+                    "gfr_nodes_pct", "gfr_gpu_pct", "fgd_frag_rate_pct",
                     "cycle_p50_ms", "cycle_p99_ms", "decisions_per_s", "migrations", "migrations_per_hour",
                     "gpus_recovered_per_migration", "quota_violations", "fair_share_max_deviation_pct",
                     "jtted_median", "jtted_under_pct"):
@@ -292,6 +310,8 @@ class ReplayOptions:
     leave_one_out: int = 0
     exact_estimates: bool = False
     submitted: tuple[int | None, int | None] = (None, None)
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
 
 
 def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
@@ -314,7 +334,8 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     left_out = {(p, seed): [None, *left_out_jobs(p, seed, options.leave_one_out)] for p in pods for seed in seeds}
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
-                        options.node_stride, left_out[(p, seed)][k], options.exact_estimates, options.submitted)
+                        options.node_stride, left_out[(p, seed)][k], options.exact_estimates, options.submitted,
+                        options.warmup_s, options.cooldown_s)
              for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
              for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
