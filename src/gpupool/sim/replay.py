@@ -34,8 +34,8 @@ from gpupool.core import (
 from gpupool.core.decisions import Move
 from gpupool.core.diagnostics import PendingKind
 from gpupool.core.feasible import never_fits
-from gpupool.core.framework.session import cluster_capacity
 from gpupool.core.fragmentation import FragModel
+from gpupool.core.framework.session import cluster_capacity
 from gpupool.core.metrics import cluster_figures, fragmentation_milli
 from gpupool.core.predictor import RuntimePredictor, raised_after_overrun
 from gpupool.core.queues import GPU_UNITS

@@ -62,19 +62,22 @@ def _work_hours(records: Iterable[JobRecord], durations: dict[str, float]) -> fl
     return sum(durations.get(r.job.id, 0.0) * r.gpus_milli / 1000 for r in records if r.end is not None) / 3600
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 2) if values else None
+
+
 def cluster_window_figures(run: ReplayRun) -> dict[str, object]:
     """GAR and the FRAGMENTATION figures over the window (whole run without one)."""
     begin, end = run.window or (run.start, run.end)
     area = run.window_area if run.window else run.allocated_area
     samples = [s for s in run.samples if begin <= s.time < end and s.gpu_nodes]
     idle = [(s.capacity_milli - s.allocated_milli, s) for s in samples]
-    mean = (lambda xs: round(statistics.fmean(xs), 2) if xs else None)
     return {
         "window_s": [round(begin - run.start, 1), round(end - run.start, 1)],
         "gar_window": round(area / (run.capacity_milli * (end - begin)), 4) if end > begin else None,
-        "gfr_nodes_pct": mean([100 * s.fragmented_nodes / s.gpu_nodes for s in samples]),
-        "gfr_gpu_pct": mean([100 * s.fragmented_free_milli / free for free, s in idle if free]),
-        "fgd_frag_rate_pct": mean([100 * s.fgd_frag_milli / free for free, s in idle if free]),
+        "gfr_nodes_pct": _mean([100 * s.fragmented_nodes / s.gpu_nodes for s in samples]),
+        "gfr_gpu_pct": _mean([100 * s.fragmented_free_milli / free for free, s in idle if free]),
+        "fgd_frag_rate_pct": _mean([100 * s.fgd_frag_milli / free for free, s in idle if free]),
         "samples_in_window": len(samples),
     }
 
