@@ -299,6 +299,8 @@ def replay(
         "exact (each job's true duration: an oracle bound on what better estimates could buy)")),
     submitted: str = typer.Option("", help="replay only jobs submitted in FROM,UNTIL (trace clock: whole seconds or "
                                   "ISO-8601 times such as 2017-10-02; either side may be empty)"),
+    scale_guarantees: bool = typer.Option(False, help="scale the queue file's guarantees and limits down to the "
+                                          "simulated cluster instead of refusing guarantees above its GPUs"),
     warmup_s: float = typer.Option(0.0, min=0.0, help="measurement window: starts this long after the first "
                                    "submission (docs: Replay, Metrics)"),
     cooldown_s: float = typer.Option(0.0, min=0.0, help="measurement window: ends this long before the last "
@@ -320,7 +322,7 @@ def replay(
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
                             node_stride, leave_one_out, estimates == "exact", _submitted(submitted),
-                            warmup_s, cooldown_s)
+                            warmup_s, cooldown_s, scale_guarantees)
     with _reported():
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
@@ -385,26 +387,45 @@ def generate(
     limit_share: float = typer.Option(0.5, help="share of jobs with a runtime limit (1-3x their duration)"),
     seed: int = typer.Option(0, help="random seed"),
     node_stride: int = typer.Option(1, min=1, help="size the load for every K-th node only"),
+    scale_guarantees: bool = typer.Option(False, help="scale the queue file's guarantees and limits down to the "
+                                          "simulated cluster instead of refusing guarantees above its GPUs"),
 ) -> None:
-    """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load."""
+    """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load inside the window."""
     from gpupool.sim.generate import WorkloadSpec
     from gpupool.sim.generate import generate as write_workload
-    from gpupool.sim.tenants import load_queues
+    from gpupool.sim.tenants import fit_guarantees, load_queues
 
     _existing(nodes, "--nodes")
     _existing(queues, "--queues")
     _existing(source, "--source")
     with _reported(ValueError):
         tree = load_queues(queues)
-        leaves = tree.leaves
-        weights = {leaf: 1.0 for leaf in leaves}
-        for part in filter(None, (p.strip() for p in shares.split(","))):
-            name, _, value = part.partition("=")
-            if name not in weights:
-                raise typer.BadParameter(f"{name!r} is not a leaf queue of {queues}", param_hint="--shares")
-            weights[name] = float(value)
+        weights = _shares(shares, tree.leaves, queues)
         spec = WorkloadSpec(load=load, days=days, gang_share=gang_share, limit_share=limit_share, seed=seed)
-        capacity = sum(len(n.gpus) for n in read_nodes(nodes)[::node_stride])
-        count = write_workload(read_workload(source), capacity, weights, spec, out)
-    console.print(f"wrote {count} jobs to {out}\nnext: {sys.argv[0]} sim replay --nodes {nodes} --pods {out} "
-                  f"--queues {queues} --assign column --profile fifo,default --out replay-out")
+        simulated = read_nodes(nodes)[::node_stride]
+        fit_guarantees(tree, simulated, scale_guarantees, str(queues))
+        made = write_workload(read_workload(source), sum(len(n.gpus) for n in simulated), weights, spec, out)
+    replay_out = out.with_name(out.stem + "-replay")
+    command = ["gpupool", "sim", "replay", "--nodes", str(nodes), "--pods", str(out), "--queues", str(queues),
+               "--assign", "column", "--profile", "fifo,default", "--node-stride", str(node_stride),
+               *(["--scale-guarantees"] if scale_guarantees else []), "--warmup-s", str(made.warmup_s),
+               "--out", str(replay_out)]
+    summary = {"protocol": "generate", "workload": str(out), "jobs": made.jobs, "seed": seed,
+               "target_load": load, "offered_load_in_window": round(made.offered_load, 4),
+               "window_s": [made.warmup_s, made.warmup_s + made.window_s], "capacity_gpus": made.capacity_gpus,
+               "node_stride": node_stride, "max_duration_s": made.max_duration_s, "next": shlex.join(command)}
+    out.with_name(out.stem + ".summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    console.print(f"wrote {made.jobs} jobs to {out}: offered load inside the window [{made.warmup_s}, "
+                  f"{made.warmup_s + made.window_s}) s: {made.offered_load:.3f} of {made.capacity_gpus} GPUs (target "
+                  f"{load:g}); durations capped at {made.max_duration_s} s, arrivals from that long before the window, "
+                  f"jobs cut at its end\nnext: {shlex.join(command)}")
+
+
+def _shares(text: str, leaves: list[str], queues: Path) -> dict[str, float]:
+    weights = {leaf: 1.0 for leaf in leaves}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in weights:
+            raise typer.BadParameter(f"{name!r} is not a leaf queue of {queues}", param_hint="--shares")
+        weights[name] = float(value)
+    return weights

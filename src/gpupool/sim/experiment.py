@@ -30,7 +30,7 @@ from gpupool.sim.bound import lp_bound
 from gpupool.sim.fill import run_fill, tune
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
-from gpupool.sim.tenants import NO_TENANT, TENANTS, assign_by_hash, load_queues, tenant_tree
+from gpupool.sim.tenants import NO_TENANT, TENANTS, assign_by_hash, fit_guarantees, load_queues, tenant_tree
 from gpupool.sim.traces.errors import TraceError
 from gpupool.sim.traces.jobtable import read_workload
 from gpupool.sim.traces.openb import Pod, pod_duration, read_nodes, require_times
@@ -171,6 +171,8 @@ class ReplayTask:
     #: the measurement window: from the first submission + warmup_s to the last submission - cooldown_s
     warmup_s: float = 0.0
     cooldown_s: float = 0.0
+    #: scale a queue file's guarantees down to the simulated cluster instead of refusing it
+    scale_guarantees: bool = False
 
     @property
     def label(self) -> str:
@@ -225,7 +227,7 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     pods = submitted_between(pods, *task.submitted)
     if task.leave_out is not None:
         pods = [p for p in pods if p.name != task.leave_out]
-    tree, pods, assign = replay_queues(task.queues, task.assign, pods, nodes)
+    tree, pods, assign = replay_queues(task.queues, task.assign, pods, nodes, task.scale_guarantees)
     arrivals = openb_arrivals(pods, tree, assign, task.time_scale, task.exact_estimates)
     window = measurement_window(arrivals, task.warmup_s, task.cooldown_s)
     frag = FragModel(target_workload(pods, nodes))
@@ -259,14 +261,14 @@ def submitted_between(pods: list[Pod], begin: int | None, end: int | None) -> li
     return kept
 
 
-def replay_queues(queues: str | None, assign: str, pods: list[Pod],
-                  nodes: list[NodeSpec]) -> tuple[QueueTree | None, list[Pod], str]:
+def replay_queues(queues: str | None, assign: str, pods: list[Pod], nodes: list[NodeSpec],
+                  scale: bool = False) -> tuple[QueueTree | None, list[Pod], str]:
     """(queue tree, pods, how jobs map to leaves): a queue file's, or with TENANTS the trace's tenants as queues
     (each pod's queue column set to its tenant's leaf)."""
     if queues is None:
         return None, pods, assign
     if queues != TENANTS:
-        return load_queues(queues), pods, assign
+        return fit_guarantees(load_queues(queues), nodes, scale, queues), pods, assign
     demand: dict[str, int] = {}
     for p in pods:
         tenant = p.queue or NO_TENANT
@@ -312,6 +314,7 @@ class ReplayOptions:
     submitted: tuple[int | None, int | None] = (None, None)
     warmup_s: float = 0.0
     cooldown_s: float = 0.0
+    scale_guarantees: bool = False
 
 
 def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
@@ -328,14 +331,15 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
         placement_profile(policy)
     _replay_inputs(nodes, pods)
     if options.queues and options.queues != TENANTS:
-        load_queues(options.queues)
+        strided = list(load_nodes(str(nodes)))[:: options.node_stride]
+        fit_guarantees(load_queues(options.queues), strided, options.scale_guarantees, options.queues)
     out.mkdir(parents=True, exist_ok=True)
     # the unperturbed run first (None), then one per job left out
     left_out = {(p, seed): [None, *left_out_jobs(p, seed, options.leave_one_out)] for p in pods for seed in seeds}
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
                         options.node_stride, left_out[(p, seed)][k], options.exact_estimates, options.submitted,
-                        options.warmup_s, options.cooldown_s)
+                        options.warmup_s, options.cooldown_s, options.scale_guarantees)
              for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
              for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpupool.core import QueueSpec, QueueTree, ResourceVector
-from gpupool.core.queues import GPU_UNITS, model_resource
+from gpupool.core import NodeSpec, QueueSpec, QueueTree, ResourceVector
+from gpupool.core.queues import DEFAULT_UNIT, GPU_UNITS, model_resource
 from gpupool.core.units import CPU, MEMORY, parse_milli
 from gpupool.sim.traces.bounds import MAX_MEMORY_MIB, MAX_TIME_S, check_size, name, whole
 from gpupool.sim.traces.errors import TraceError, shown
@@ -239,3 +240,24 @@ def tenant_tree(demand: Mapping[str, int], capacity_milli: int) -> tuple[QueueTr
     specs = [QueueSpec(leaf, guaranteed=ResourceVector({GPU_UNITS: capacity_milli * work // everything}))
              for leaf, work in sorted(totals.items())]
     return QueueTree(specs), leaf_of
+
+
+def fit_guarantees(tree: QueueTree, nodes: Sequence[NodeSpec], scale: bool, where: str) -> QueueTree:
+    """The tree, if its top-level queues' GPU guarantees fit the simulated cluster (`nodes`, in GPU units). Above
+    it: with `scale`, every queue's guarantees and limits multiplied by capacity / guaranteed (rounded down);
+    otherwise TraceError naming the queue file `where`, since a replay would run with promises it cannot keep."""
+    capacity = sum(tree.gpu_units.get(g.model, DEFAULT_UNIT) for n in nodes for g in n.gpus)
+    promised = sum(tree.specs[r].guaranteed.get(GPU_UNITS, 0) for r in tree.roots)
+    if promised <= capacity:
+        return tree
+    if not scale:
+        raise TraceError(where, 1, "guaranteed", f"the top-level queues are guaranteed {promised / 1000:g} GPUs, "
+                         f"above the {capacity / 1000:g} of the simulated cluster ({len(nodes)} nodes); pass "
+                         f"--scale-guarantees to multiply every guarantee and limit by {capacity / promised:.4f}")
+
+    def scaled(amounts: ResourceVector | None) -> ResourceVector | None:
+        return None if amounts is None else ResourceVector({k: v * capacity // promised for k, v in amounts.items()})
+
+    return QueueTree([replace(s, guaranteed=scaled(s.guaranteed), limit=scaled(s.limit),
+                              borrow_limit=scaled(s.borrow_limit), lend_limit=scaled(s.lend_limit))
+                      for s in tree.specs.values()], tree.gpu_units)
