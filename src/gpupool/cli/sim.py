@@ -55,22 +55,34 @@ def _reported(*expected: type[Exception]) -> Iterator[None]:
 
 
 def _policies(text: str) -> list[str]:
+    from gpupool.core import installed_registry, placement_profile
+
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in PLACEMENT_PROFILES]
-    if not names or unknown:
-        raise typer.BadParameter(f"unknown policy {unknown[0] if unknown else text!r}; "
-                                 f"choose from {', '.join(PLACEMENT_PROFILES)}", param_hint="--policy")
+    if not names:
+        raise typer.BadParameter(f"no policy in {text!r}", param_hint="--policy")
+    registry = installed_registry()
+    for name in names:
+        try:
+            placement_profile(name, registry)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("policy: "), param_hint="--policy") from None
     return names
 
 
 def _profiles(text: str | None, queues: Path | None) -> tuple[str | None, ...]:
+    from gpupool.core import installed_registry, scheduling_profile
+
     if text is None:
         return (None,)
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in SCHEDULING_PROFILES]
-    if not names or unknown:
-        raise typer.BadParameter(f"unknown profile {unknown[0] if unknown else text!r}; "
-                                 f"choose from {', '.join(SCHEDULING_PROFILES)}", param_hint="--profile")
+    if not names:
+        raise typer.BadParameter(f"no profile in {text!r}", param_hint="--profile")
+    registry = installed_registry()
+    for name in names:
+        try:
+            scheduling_profile(name, "best", registry)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
     if queues is None:
         raise typer.BadParameter("multi-tenant profiles need --queues", param_hint="--profile")
     return tuple(names)
@@ -214,7 +226,9 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
         seeds.append(fewest_seeds(tables))
         for trace, metrics in tables.items():
             policies = sorted({p for per in metrics.values() for p in per})
-            table = Table(title=f"{d} · {trace}: mean [95% CI over seeds] (docs: Replay, Metrics)")
+            seeds_here = fewest_seeds({trace: metrics})
+            table = Table(title=f"{d} · {trace}: mean [95% confidence interval] over {seeds_here} seed"
+                          f"{'s' if seeds_here != 1 else ''} (docs: Simulator, Replay: Metrics)")
             table.add_column("figure")
             for policy in policies:
                 table.add_column(policy, justify="right")

@@ -21,6 +21,7 @@ from gpupool.core import (
     QueueTree,
     TaskSpec,
     Workload,
+    installed_registry,
     placement_profile,
     scheduling_profile,
 )
@@ -73,7 +74,7 @@ def fill_task(task: FillTask) -> list[dict[str, str]]:
     workload = target_workload(pods, nodes)
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     order = tune(pods, capacity, task.demand, random.Random(task.seed))
-    profile = placement_profile(task.policy).with_workload(workload)
+    profile = placement_profile(task.policy, installed_registry()).with_workload(workload)
     run = run_fill(nodes, order, profile, task.seed, FragModel(workload))
     target = int(task.demand * 100)
     return fill_report.fill_rows(trace_name(task.pods), task.policy, task.seed, run, target, task.timing)
@@ -123,7 +124,7 @@ def _replay_inputs(nodes: Path, pods: list[Path]) -> None:
 def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], demand: Fraction,
                    out: Path, jobs: int, timing: bool, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
-        placement_profile(policy)
+        placement_profile(policy, installed_registry())
     _fill_inputs(nodes, pods, demand)
     out.mkdir(parents=True, exist_ok=True)
     tasks = [FillTask(str(nodes), str(p), policy, seed, demand, timing)
@@ -205,7 +206,9 @@ def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str =
 
 
 def _replay_profile(task: ReplayTask, pods: list[Pod], nodes: list[NodeSpec]) -> Profile:
-    profile = scheduling_profile(task.profile, task.policy) if task.profile else placement_profile(task.policy)
+    registry = installed_registry()
+    profile = (scheduling_profile(task.profile, task.policy, registry) if task.profile
+               else placement_profile(task.policy, registry))
     if profile.workload_plugins:
         profile = profile.with_workload(target_workload(pods, nodes))
     if task.consolidate is not None:
@@ -328,7 +331,7 @@ def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
 def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], out: Path, jobs: int,
                      options: ReplayOptions, command: str, quiet: bool = False) -> dict[str, object]:
     for policy in policies:
-        placement_profile(policy)
+        placement_profile(policy, installed_registry())
     _replay_inputs(nodes, pods)
     if options.queues and options.queues != TENANTS:
         strided = list(load_nodes(str(nodes)))[:: options.node_stride]

@@ -28,7 +28,7 @@ from gpupool.core import (
     PendingReason,
     Profile,
     QueueTree,
-    default_registry,
+    installed_registry,
     run_cycle,
 )
 from gpupool.core.decisions import Move
@@ -122,7 +122,7 @@ class Replay:
         self.engine = Engine()
         self.clock = SimClock(self.engine)
         self.cluster = SimCluster(nodes, queues)
-        self.framework = Framework.build(profile, default_registry())
+        self.framework = Framework.build(profile, installed_registry())
         self.rng = random.Random(seed)
         self.tick_s, self.sample_s = tick_s, sample_s
         self.arrivals = sorted(arrivals, key=lambda a: (a.time, a.job.id))
