@@ -107,3 +107,34 @@ def test_compare_prints_intervals_and_warns_with_one_seed(tmp_path):
     assert "[" in three.stdout and "±" not in three.stdout
     summary = json.loads((tmp_path / "three" / "summary.json").read_text())
     assert {r["seed"] for r in summary["runs"]} == {1, 2, 3}
+
+
+def test_reruns_are_byte_identical_apart_from_the_declared_timestamp_and_record_provenance(tmp_path):
+    """Issue 44, item 5: summary.json holds version, commit, input hashes, the resolved configuration, seeds and
+    library versions; the same command run twice writes the same bytes but for `provenance.created_utc`."""
+    import hashlib
+
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,4,A100\nn1,64000,262144,8,A100\n")
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("job_id,tenant,submit_time,duration_s,gpus\n" + "".join(
+        f"j{i},{'xyz'[i % 3]},{7 * i},{50 + 13 * (i % 9) * i},{[1, 2, 0.5, 4][i % 4]}\n" for i in range(40)))
+    command = [sys.executable, "-m", "gpupool.cli.main", "sim", "replay", "--nodes", str(nodes), "--pods", str(jobs),
+               "--queues", "tenants", "--profile", "fifo,default", "--policy", "fgd", "--seeds", "1-2", "--out",
+               str(tmp_path / "out"), "--jobs", "2", "--quiet", "--no-timing", "--sample-s", "60"]
+    outputs = []
+    for _ in range(2):
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        files = {p.name: p.read_bytes() for p in sorted((tmp_path / "out").iterdir())}
+        summary = json.loads(files.pop("summary.json"))
+        stamp = summary["provenance"].pop("created_utc")
+        assert summary["provenance"]["timestamps"] == ["provenance.created_utc"] and stamp.endswith("Z")
+        outputs.append((files, summary))
+    assert outputs[0] == outputs[1] and {"results.csv", "jobs.csv", "alloc_jobs.png"} <= set(outputs[0][0])
+    provenance = outputs[0][1]["provenance"]
+    assert provenance["inputs"][str(jobs)]["sha256"] == hashlib.sha256(jobs.read_bytes()).hexdigest()
+    assert provenance["gpupool_version"] and len(provenance["commit"] or "x" * 40) == 40
+    assert provenance["seeds"] == [1, 2] and provenance["libraries"]["numpy"] and provenance["python"]
+    assert provenance["config"]["profiles"]["default"]["queue_order"] == "fair_share"
+    assert provenance["config"]["options"]["queues"] == "tenants"

@@ -405,8 +405,11 @@ def generate(
                                           "simulated cluster instead of refusing guarantees above its GPUs"),
 ) -> None:
     """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load inside the window."""
+    from dataclasses import asdict
+
     from gpupool.sim.generate import WorkloadSpec
     from gpupool.sim.generate import generate as write_workload
+    from gpupool.sim.provenance import provenance
     from gpupool.sim.tenants import fit_guarantees, load_queues
 
     _existing(nodes, "--nodes")
@@ -427,7 +430,10 @@ def generate(
     summary = {"protocol": "generate", "workload": str(out), "jobs": made.jobs, "seed": seed,
                "target_load": load, "offered_load_in_window": round(made.offered_load, 4),
                "window_s": [made.warmup_s, made.warmup_s + made.window_s], "capacity_gpus": made.capacity_gpus,
-               "node_stride": node_stride, "max_duration_s": made.max_duration_s, "next": shlex.join(command)}
+               "node_stride": node_stride, "max_duration_s": made.max_duration_s, "next": shlex.join(command),
+               "provenance": provenance([nodes, queues, source], {**asdict(spec), "shares": weights,
+                                                                  "node_stride": node_stride,
+                                                                  "scale_guarantees": scale_guarantees}, [seed])}
     out.with_name(out.stem + ".summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     console.print(f"wrote {made.jobs} jobs to {out}: offered load inside the window [{made.warmup_s}, "
                   f"{made.warmup_s + made.window_s}) s: {made.offered_load:.3f} of {made.capacity_gpus} GPUs (target "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +29,7 @@ from gpupool.core.fragmentation import FragModel
 from gpupool.sim import fill_report, plots, replay_report
 from gpupool.sim.bound import lp_bound
 from gpupool.sim.fill import run_fill, tune
+from gpupool.sim.provenance import profile_config, provenance
 from gpupool.sim.replay import JobArrival, Replay
 from gpupool.sim.sweep import run_all
 from gpupool.sim.tenants import NO_TENANT, TENANTS, assign_by_hash, fit_guarantees, load_queues, tenant_tree
@@ -92,6 +93,9 @@ def summary_table(summary: dict[str, dict[str, dict[str, object]]]) -> str:
                          f"{b.get('mean', '')} ± {b.get('sd', '')} | {b.get('unallocated_gpus', '')} | "
                          f"{b.get('lp_bound', '')} | {b.get('ratio_to_lp_bound', '')} | "
                          f"{b.get('gap_gpus_to_lp_bound', '')} |")
+    lines += ["", "Allocation: allocated GPUs / cluster GPUs, mean ± sd over seeds. LP bound: the most GPU "
+              "allocation any placement could reach with the pods arrived by 130 % (the LP relaxation of packing "
+              "them, `gpupool sim bound`); at 100 the cluster's capacity is what binds, not the packing."]
     return "\n".join(lines)
 
 
@@ -138,7 +142,11 @@ def run_fill_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: li
               for p in pods for level in fill_report.SUMMARY_LEVELS}
     summary = fill_report.summarise(rows, {trace_name(p): total_gpus for p in pods}, bounds)
     document = {"protocol": "fill", "demand": str(demand), "seeds": seeds, "command": command,
-                "nodes": str(nodes), "total_gpus": total_gpus, "traces": summary}
+                "nodes": str(nodes), "total_gpus": total_gpus, "traces": summary,
+                "provenance": provenance([nodes, *pods], {
+                    "protocol": "fill", "nodes": str(nodes), "pods": [str(p) for p in pods], "demand": str(demand),
+                    "timing": timing, "profiles": {p: profile_config(placement_profile(p, installed_registry()))
+                                                   for p in policies}}, seeds)}
     fill_report.write_summary(out, document)
     images = plots.fill_plots(out, rows)
     plots.write_report(out, "gpupool fill simulation", command, summary_table(summary), images)
@@ -206,11 +214,15 @@ def openb_arrivals(pods: list[Pod], tree: QueueTree | None = None, assign: str =
 
 
 def _replay_profile(task: ReplayTask, pods: list[Pod], nodes: list[NodeSpec]) -> Profile:
+    profile = resolved_profile(task)
+    return profile.with_workload(target_workload(pods, nodes)) if profile.workload_plugins else profile
+
+
+def resolved_profile(task: ReplayTask) -> Profile:
+    """The profile a replay task runs, before its workload-aware plugins get the trace's target workload."""
     registry = installed_registry()
     profile = (scheduling_profile(task.profile, task.policy, registry) if task.profile
                else placement_profile(task.policy, registry))
-    if profile.workload_plugins:
-        profile = profile.with_workload(target_workload(pods, nodes))
     if task.consolidate is not None:
         per_cycle, per_hour = task.consolidate
         actions = [a for a in profile.actions if a != "consolidate"]  # moving goes before any eviction
@@ -358,11 +370,21 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
                 "estimates": "exact" if options.exact_estimates else "predicted",
                 "time_scale": options.time_scale, "queues": options.queues,
                 "traces": _mean_summaries(runs), "runs": runs,
-                "wait_regressions_vs_fifo": replay_report.wait_regressions(job_rows)}
+                "wait_regressions_vs_fifo": replay_report.wait_regressions(job_rows),
+                "provenance": replay_provenance(nodes, pods, policies, seeds, options, tasks)}
     fill_report.write_summary(out, document)
     images = plots.replay_plots(out, samples)
     plots.write_report(out, "gpupool replay simulation", command, replay_table(document["traces"]), images)
     return document
+
+
+def replay_provenance(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], options: ReplayOptions,
+                      tasks: list[ReplayTask]) -> dict[str, object]:
+    inputs = [nodes, *pods, *([options.queues] if options.queues and options.queues != TENANTS else [])]
+    profiles = {t.label: profile_config(resolved_profile(t)) for t in tasks if t.leave_out is None}
+    config = {"protocol": "replay", "nodes": str(nodes), "pods": [str(p) for p in pods], "policies": policies,
+              "options": asdict(options), "profiles": dict(sorted(profiles.items()))}
+    return provenance(inputs, config, seeds)
 
 
 def replay_table(traces: dict[str, dict[str, dict[str, object]]]) -> str:
