@@ -138,3 +138,14 @@ def test_reruns_are_byte_identical_apart_from_the_declared_timestamp_and_record_
     assert provenance["seeds"] == [1, 2] and provenance["libraries"]["numpy"] and provenance["python"]
     assert provenance["config"]["profiles"]["default"]["queue_order"] == "fair_share"
     assert provenance["config"]["options"]["queues"] == "tenants"
+
+
+def test_jitter_delays_each_submission_by_a_seeded_draw_below_the_bound():
+    from gpupool.sim.experiment import jittered
+
+    arrivals = [_arrival(f"j{i}", 10.0 * i, 5) for i in range(50)]
+    once, again, other = (jittered(arrivals, seed, 300) for seed in (1, 1, 2))
+    assert once == again and once != other and jittered(arrivals, 1, 0) is arrivals
+    delays = [b.time - a.time for a, b in zip(arrivals, once, strict=True)]
+    assert all(0 <= d < 300 for d in delays) and max(delays) > 150
+    assert all(b.job.submitted_at == b.time for b in once)

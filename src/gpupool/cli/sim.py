@@ -213,7 +213,8 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
     from before per-seed figures were kept prints as mean ± sd."""
     from gpupool.sim.compare import fewest_seeds, fill_intervals, replay_intervals
 
-    seeds = []
+    seeds: list[int] = []
+    identical: list[bool] = []
     for d, summary in loaded:
         traces = summary.get("traces", {})
         assert isinstance(traces, dict)
@@ -224,6 +225,8 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
             _print_fill_sd(d, traces)
             continue
         seeds.append(fewest_seeds(tables))
+        identical.append(all(i.lo == i.hi for m in tables.values() for per in m.values() for i in per.values())
+                         and fewest_seeds(tables) > 1)
         for trace, metrics in tables.items():
             policies = sorted({p for per in metrics.values() for p in per})
             seeds_here = fewest_seeds({trace: metrics})
@@ -235,6 +238,10 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
             for label, per in metrics.items():
                 table.add_row(label, *(per[p].text() if p in per else "" for p in policies))
             console.print(table)
+    if identical and all(identical):
+        console.print("[yellow]note: every seed gave the same figures (zero-width intervals): the replay is "
+                      "deterministic; --jitter-s samples nearby workloads, so that the intervals mean "
+                      "something[/yellow]")
     if seeds and min(seeds) < 2:
         console.print("[yellow]warning: one seed: no confidence interval, and no sign of how much the figures move "
                       "between seeds; run at least 3 (--seeds 42-44)[/yellow]")
@@ -315,6 +322,8 @@ def replay(
                                   "ISO-8601 times such as 2017-10-02; either side may be empty)"),
     scale_guarantees: bool = typer.Option(False, help="scale the queue file's guarantees and limits down to the "
                                           "simulated cluster instead of refusing guarantees above its GPUs"),
+    jitter_s: float = typer.Option(0.0, min=0.0, help="delay each job's submission by a seeded uniform draw in "
+                                   "[0, S) seconds, so that seeds sample nearby workloads (docs: Replay, Metrics)"),
     warmup_s: float = typer.Option(0.0, min=0.0, help="measurement window: starts this long after the first "
                                    "submission (docs: Replay, Metrics)"),
     cooldown_s: float = typer.Option(0.0, min=0.0, help="measurement window: ends this long before the last "
@@ -336,7 +345,7 @@ def replay(
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
                             node_stride, leave_one_out, estimates == "exact", _submitted(submitted),
-                            warmup_s, cooldown_s, scale_guarantees)
+                            warmup_s, cooldown_s, scale_guarantees, jitter_s)
     with _reported():
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,

@@ -182,6 +182,8 @@ class ReplayTask:
     cooldown_s: float = 0.0
     #: scale a queue file's guarantees down to the simulated cluster instead of refusing it
     scale_guarantees: bool = False
+    #: delay each job's submission by a seeded uniform draw in [0, jitter_s) seconds (0: the trace's times)
+    jitter_s: float = 0.0
 
     @property
     def label(self) -> str:
@@ -243,7 +245,8 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
     if task.leave_out is not None:
         pods = [p for p in pods if p.name != task.leave_out]
     tree, pods, assign = replay_queues(task.queues, task.assign, pods, nodes, task.scale_guarantees)
-    arrivals = openb_arrivals(pods, tree, assign, task.time_scale, task.exact_estimates)
+    arrivals = jittered(openb_arrivals(pods, tree, assign, task.time_scale, task.exact_estimates), task.seed,
+                        task.jitter_s)
     window = measurement_window(arrivals, task.warmup_s, task.cooldown_s)
     frag = FragModel(target_workload(pods, nodes))
     run = Replay(nodes, arrivals, _replay_profile(task, pods, nodes), task.seed, task.tick_s, task.sample_s, tree,
@@ -253,6 +256,19 @@ def replay_task(task: ReplayTask) -> tuple[list[dict[str, str]], list[dict[str, 
             replay_report.job_rows(trace, label, task.seed, run),
             replay_report.queue_rows(trace, label, task.seed, run),
             {"trace": trace, "policy": label, "seed": task.seed, **replay_report.run_summary(run, task.timing)})
+
+
+def jittered(arrivals: list[JobArrival], seed: int, jitter_s: float) -> list[JobArrival]:
+    """Each arrival delayed by a uniform draw in [0, jitter_s) from a generator seeded by (seed, job id): a trace
+    replayed under several seeds then gives several samples of nearby workloads, and the intervals over seeds say
+    how much the figures move with them (without it, a replay of a trace is deterministic)."""
+    if not jitter_s:
+        return arrivals
+    out = []
+    for a in arrivals:
+        at = a.time + random.Random(f"{seed}/{a.job.id}").uniform(0, jitter_s)
+        out.append(JobArrival(at, replace(a.job, submitted_at=at), a.duration))
+    return out
 
 
 def measurement_window(arrivals: list[JobArrival], warmup_s: float, cooldown_s: float) -> tuple[float, float]:
@@ -330,6 +346,7 @@ class ReplayOptions:
     warmup_s: float = 0.0
     cooldown_s: float = 0.0
     scale_guarantees: bool = False
+    jitter_s: float = 0.0
 
 
 def left_out_jobs(pods: Path, seed: int, count: int) -> list[str]:
@@ -354,7 +371,7 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
                         options.node_stride, left_out[(p, seed)][k], options.exact_estimates, options.submitted,
-                        options.warmup_s, options.cooldown_s, options.scale_guarantees)
+                        options.warmup_s, options.cooldown_s, options.scale_guarantees, options.jitter_s)
              for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
              for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
