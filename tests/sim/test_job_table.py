@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpupool.core.queues import GPU_UNITS
 from gpupool.sim.experiment import replay_queues, submitted_between
@@ -118,3 +120,26 @@ def test_philly_and_alibaba_tables_replay_without_a_converter(tmp_path):
         assert run.returncode == 0, run.stderr + run.stdout
         jobs = list(csv.DictReader((out / "jobs.csv").open()))
         assert jobs and len({j["queue"] for j in jobs}) > 1
+
+
+JOB_CELLS = st.sampled_from(["", "0", "1", "-1", "0.5", "1.5", "0.0004", "1e999", "nan", "inf", "16", "3", "64",
+                             "2017-10-02T00:00:00Z", "2017-10-02 00:00:01", "2017-13-40", "0001-01-01", "9" * 30,
+                             "=x", "a", "a|b", "\x00", "é", '"', " 7 "])
+JOB_HEADER = "job_id,tenant,submit_time,start_time,end_time,duration_s,gpus,gang\n"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(JOB_CELLS, min_size=7, max_size=9), max_size=6))
+def test_fuzzed_job_tables_give_bounded_jobs_or_a_file_line_error(tmp_path, rows):
+    path = tmp_path / "fuzzed.csv"
+    path.write_text(JOB_HEADER + "".join(",".join(row) + "\n" for row in rows), errors="surrogatepass")
+    try:
+        pods = read_jobs(path)
+    except TraceError as exc:
+        assert str(exc).startswith(f"{path}:{exc.line}: column ") and 1 <= exc.line <= len(rows) + 2
+        return
+    times = [t for p in pods for t in (p.creation_time, p.deletion_time) if t is not None]
+    assert max(times) - min(times) <= 2 * 10 * 365 * 86_400
+    for pod in pods:
+        assert 1 <= pod.gang <= 1024 and 1 <= pod.shape.gpu_count <= 64 and 0 < pod.shape.gpu_milli <= 1000
+        assert pod.deletion_time > pod.creation_time - 1
