@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -149,3 +150,12 @@ def test_jitter_delays_each_submission_by_a_seeded_draw_below_the_bound():
     delays = [b.time - a.time for a, b in zip(arrivals, once, strict=True)]
     assert all(0 <= d < 300 for d in delays) and max(delays) > 150
     assert all(b.job.submitted_at == b.time for b in once)
+
+
+def test_runs_of_several_policies_under_one_profile_keep_apart():
+    """`--profile fifo --policy bestfit,fgd` ran both policies under the one label `fifo`, merging their figures."""
+    from gpupool.sim.experiment import ReplayTask
+
+    task = ReplayTask("n.csv", "p.csv", "fgd", 1, 0.0, 3600.0, False, profile="fifo")
+    assert task.label == "fifo" and replace(task, with_policy=True).label == "fifo@fgd"
+    assert replace(task, profile=None).label == "fgd"

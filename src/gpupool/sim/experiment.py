@@ -184,10 +184,12 @@ class ReplayTask:
     scale_guarantees: bool = False
     #: delay each job's submission by a seeded uniform draw in [0, jitter_s) seconds (0: the trace's times)
     jitter_s: float = 0.0
+    #: the sweep runs several placement policies under each profile: labels name both (`fifo@fgd`)
+    with_policy: bool = False
 
     @property
     def label(self) -> str:
-        name = self.profile or self.policy
+        name = (f"{self.profile}@{self.policy}" if self.with_policy else self.profile) if self.profile else self.policy
         return name if self.leave_out is None else f"{name}{replay_report.WITHOUT}{self.leave_out}"
 
 
@@ -371,7 +373,8 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
     tasks = [ReplayTask(str(nodes), str(p), policy, seed, options.tick_s, options.sample_s, options.timing,
                         options.consolidate, profile, options.queues, options.assign, options.time_scale,
                         options.node_stride, left_out[(p, seed)][k], options.exact_estimates, options.submitted,
-                        options.warmup_s, options.cooldown_s, options.scale_guarantees, options.jitter_s)
+                        options.warmup_s, options.cooldown_s, options.scale_guarantees, options.jitter_s,
+                        options.profiles != (None,) and len(policies) > 1)
              for p in pods for k in range(options.leave_one_out + 1) for profile in options.profiles
              for policy in policies for seed in seeds]
     results = run_all(replay_task, tasks, jobs, "replays", quiet)
