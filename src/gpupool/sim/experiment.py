@@ -400,7 +400,8 @@ def run_replay_sweep(nodes: Path, pods: list[Path], policies: list[str], seeds: 
 
 def replay_provenance(nodes: Path, pods: list[Path], policies: list[str], seeds: list[int], options: ReplayOptions,
                       tasks: list[ReplayTask]) -> dict[str, object]:
-    inputs = [nodes, *pods, *([options.queues] if options.queues and options.queues != TENANTS else [])]
+    inputs: list[str | Path] = [nodes, *pods, *([options.queues] if options.queues and options.queues != TENANTS
+                                                 else [])]
     profiles = {t.label: profile_config(resolved_profile(t)) for t in tasks if t.leave_out is None}
     config = {"protocol": "replay", "nodes": str(nodes), "pods": [str(p) for p in pods], "policies": policies,
               "options": asdict(options), "profiles": dict(sorted(profiles.items()))}

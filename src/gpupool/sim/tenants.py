@@ -258,6 +258,6 @@ def fit_guarantees(tree: QueueTree, nodes: Sequence[NodeSpec], scale: bool, wher
     def scaled(amounts: ResourceVector | None) -> ResourceVector | None:
         return None if amounts is None else ResourceVector({k: v * capacity // promised for k, v in amounts.items()})
 
-    return QueueTree([replace(s, guaranteed=scaled(s.guaranteed), limit=scaled(s.limit),
+    return QueueTree([replace(s, guaranteed=scaled(s.guaranteed) or ResourceVector(), limit=scaled(s.limit),
                               borrow_limit=scaled(s.borrow_limit), lend_limit=scaled(s.lend_limit))
                       for s in tree.specs.values()], tree.gpu_units)
