@@ -97,6 +97,7 @@ def test_compare_prints_intervals_and_warns_with_one_seed(tmp_path):
     env = {**os.environ, "COLUMNS": "160"}
     for seeds, out in (("1", "one"), ("1-3", "three")):
         run = subprocess.run([*base, "replay", "--nodes", str(nodes), "--pods", str(jobs), "--policy", "bestfit,random",
+                              "--queues", "tenants", "--profile", "fifo",
                               "--seeds", seeds, "--out", str(tmp_path / out), "--quiet", "--jobs", "1"],
                              capture_output=True, text=True, timeout=300, env=env)
         assert run.returncode == 0, run.stderr
@@ -106,6 +107,9 @@ def test_compare_prints_intervals_and_warns_with_one_seed(tmp_path):
     for text in ("bounded slowdown p99", "JCT p50 (s)", "GAR over the window", "useful GPU-hours", "bestfit"):
         assert text in three.stdout
     assert "[" in three.stdout and "±" not in three.stdout
+    queues = subprocess.run([*base, "compare", str(tmp_path / "three"), "--per-queue"], capture_output=True,
+                            text=True, env=env)
+    assert "queue x" in queues.stdout and "queue y" in queues.stdout
     summary = json.loads((tmp_path / "three" / "summary.json").read_text())
     assert {r["seed"] for r in summary["runs"]} == {1, 2, 3}
 

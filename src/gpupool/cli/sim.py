@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -17,6 +18,9 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from gpupool.cli.render import error
+
+if TYPE_CHECKING:
+    from gpupool.sim.compare import Interval
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
 from gpupool.sim.sweep import parse_seeds
 from gpupool.sim.tenants import TENANTS
@@ -169,7 +173,9 @@ def bound(
 
 @app.command()
 def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earlier runs"),
-            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="print JSON"),
+            per_queue: bool = typer.Option(False, help="replays: also each queue's wait, JCT and bounded slowdown")
+            ) -> None:
     """Print the policies of one or more output folders side by side."""
     loaded = []
     for d in dirs:
@@ -181,7 +187,7 @@ def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earli
     if as_json:
         console.print_json(json.dumps({str(d): s for d, s in loaded}))
         return
-    _print_summary(loaded)
+    _print_summary(loaded, per_queue)
 
 
 def _summary(path: Path) -> dict[str, object]:
@@ -208,10 +214,10 @@ def _figures(entry: object) -> bool:
     return all(isinstance(level, dict) and type(level.get("mean", 0)) in (int, float) for level in levels)
 
 
-def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
+def _print_summary(loaded: list[tuple[Path, dict[str, object]]], per_queue: bool = False) -> None:
     """Each output's figures per trace, one column per policy, as mean [95% interval] over seeds; a fill summary
     from before per-seed figures were kept prints as mean ± sd."""
-    from gpupool.sim.compare import fewest_seeds, fill_intervals, replay_intervals
+    from gpupool.sim.compare import fewest_seeds, fill_intervals, queues_of, replay_intervals
 
     seeds: list[int] = []
     identical: list[bool] = []
@@ -219,25 +225,18 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
         traces = summary.get("traces", {})
         assert isinstance(traces, dict)
         runs = summary.get("runs")
-        tables = (replay_intervals([r for r in runs if isinstance(r, dict)]) if isinstance(runs, list)
-                  else fill_intervals(traces))
+        runs = [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else None
+        tables = replay_intervals(runs) if runs is not None else fill_intervals(traces)
         if not tables:
             _print_fill_sd(d, traces)
             continue
         seeds.append(fewest_seeds(tables))
         identical.append(all(i.lo == i.hi for m in tables.values() for per in m.values() for i in per.values())
                          and fewest_seeds(tables) > 1)
-        for trace, metrics in tables.items():
-            policies = sorted({p for per in metrics.values() for p in per})
-            seeds_here = fewest_seeds({trace: metrics})
-            table = Table(title=f"{d} · {trace}: mean [95% confidence interval] over {seeds_here} seed"
-                          f"{'s' if seeds_here != 1 else ''} (docs: Simulator, Replay: Metrics)")
-            table.add_column("figure")
-            for policy in policies:
-                table.add_column(policy, justify="right")
-            for label, per in metrics.items():
-                table.add_row(label, *(per[p].text() if p in per else "" for p in policies))
-            console.print(table)
+        _print_tables(d, tables, "")
+        if per_queue and runs is not None:
+            for queue in queues_of(runs):
+                _print_tables(d, replay_intervals(runs, queue), f", queue {queue}")
     if identical and all(identical):
         console.print("[yellow]note: every seed gave the same figures (zero-width intervals): the replay is "
                       "deterministic; --jitter-s samples nearby workloads, so that the intervals mean "
@@ -245,6 +244,22 @@ def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
     if seeds and min(seeds) < 2:
         console.print("[yellow]warning: one seed: no confidence interval, and no sign of how much the figures move "
                       "between seeds; run at least 3 (--seeds 42-44)[/yellow]")
+
+
+def _print_tables(d: Path, tables: dict[str, dict[str, dict[str, Interval]]], what: str) -> None:
+    from gpupool.sim.compare import fewest_seeds
+
+    for trace, metrics in tables.items():
+        policies = sorted({p for per in metrics.values() for p in per})
+        seeds = fewest_seeds({trace: metrics})
+        table = Table(title=f"{d} · {trace}{what}: mean [95% confidence interval] over {seeds} seed"
+                      f"{'s' if seeds != 1 else ''} (docs: Simulator, Replay: Metrics)")
+        table.add_column("figure")
+        for policy in policies:
+            table.add_column(policy, justify="right")
+        for label, per in metrics.items():
+            table.add_row(label, *(per[p].text() if p in per else "" for p in policies))
+        console.print(table)
 
 
 def _print_fill_sd(d: Path, traces: dict[str, dict[str, dict[str, object]]]) -> None:

@@ -69,14 +69,31 @@ def _at(run: Mapping[str, object], path: tuple[str, ...]) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def replay_intervals(runs: Sequence[Mapping[str, object]]) -> dict[str, dict[str, dict[str, Interval]]]:
-    """trace -> metric label -> policy -> interval over the runs' seeds (a metric no run has is left out)."""
+#: the figures `sim compare --per-queue` prints for each queue (paths under the run's `per_queue` -> queue)
+QUEUE_METRICS = {label: path for label, path in REPLAY_METRICS.items() if path[0] == "window"}
+
+
+def queues_of(runs: Sequence[Mapping[str, object]]) -> list[str]:
+    """The queues the runs report figures for."""
+    queues: set[str] = set()
+    for run in runs:
+        per_queue = run.get("per_queue")
+        if isinstance(per_queue, Mapping):
+            queues.update(map(str, per_queue))
+    return sorted(queues)
+
+
+def replay_intervals(runs: Sequence[Mapping[str, object]],
+                     queue: str | None = None) -> dict[str, dict[str, dict[str, Interval]]]:
+    """trace -> metric label -> policy -> interval over the runs' seeds (a metric no run has is left out); with
+    `queue`, that queue's job figures."""
     grouped: dict[tuple[str, str], list[Mapping[str, object]]] = {}
     for run in runs:
         grouped.setdefault((str(run.get("trace")), str(run.get("policy"))), []).append(run)
+    metrics = REPLAY_METRICS if queue is None else {k: ("per_queue", queue, *v) for k, v in QUEUE_METRICS.items()}
     out: dict[str, dict[str, dict[str, Interval]]] = {}
     for (trace, policy), items in sorted(grouped.items()):
-        for label, path in REPLAY_METRICS.items():
+        for label, path in metrics.items():
             values = [v / SCALE.get(label, 1.0) for v in (_at(i, path) for i in items) if v is not None]
             if values:
                 out.setdefault(trace, {}).setdefault(label, {})[policy] = interval(values)
