@@ -8,6 +8,8 @@ Suites:
          openb), against an uncached per-node evaluation measured in the same run
   cycle  scheduling-cycle latency (p50, p99) with 1,000 pending jobs in 4 queues on openb, per profile
   control-plane  submits/s and submit -> placed latency, 250 fake nodes x 8 GPUs, SQLite and PostgreSQL
+  replay Philly's jobs over 10 weeks (VCs as queues) under fifo, default and fair-share, seeds 42-44, then
+         `sim compare` (wait, JCT, bounded slowdown, useful GPU-hours with 95% intervals); --weeks shortens it
   usage  `GET /usage`, `gpupool usage` and the dashboard's usage pages over 30 days of ledger on 250 nodes
 Run `python benchmarks/run.py --help` for options; `make bench BENCH_ARGS="--suite speed"` runs one suite.
 `benchmarks/cycle_instructions.py` counts the cycle suite's instructions under valgrind (see its docstring).
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import control_plane  # noqa: E402
 import cycle_latency  # noqa: E402
 import fill_fidelity  # noqa: E402
+import philly_replay  # noqa: E402
 import placement_speed  # noqa: E402
 import usage  # noqa: E402
 
@@ -39,12 +42,14 @@ def shared() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle", "control-plane", "usage"], default="all")
+    parser.add_argument("--suite", choices=["all", "fill", "speed", "cycle", "control-plane", "usage", "replay"],
+                        default="all")
     parser.add_argument("--traces", default=",".join(FGD_TRACES), help="comma-separated openb pod lists")
     parser.add_argument("--policies", default="random,dotprod,gpuclustering,gpupacking,bestfit,fgd,best")
     parser.add_argument("--seeds", default="42-51")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--weeks", type=int, default=10, help="replay suite: weeks of Philly from 2017-10-02")
     args = parser.parse_args()
     openb = shared() / "traces" / "alibaba-gpu-v2023"
     if not openb.is_dir():
@@ -57,6 +62,8 @@ def main() -> None:
         usage.run()
     if args.suite in ("all", "cycle"):
         cycle_latency.run(openb, Path(__file__).resolve().parents[1] / "examples" / "openb-4-queues.yaml")
+    if args.suite in ("all", "replay"):
+        philly_replay.run(shared(), args.out / "replay", args.weeks, "42-44", args.jobs)
     if args.suite in ("all", "fill"):
         fill_fidelity.run(openb, shared() / "traces" / "fgd-artifact-results" / "analysis_allo_discrete.csv",
                           args.traces.split(","), args.policies.split(","), args.seeds, args.jobs, args.out / "fill")

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -17,12 +18,17 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from gpupool.cli.render import error
+
+if TYPE_CHECKING:
+    from gpupool.sim.compare import Interval
 from gpupool.core import PLACEMENT_PROFILES, SCHEDULING_PROFILES
 from gpupool.sim.fill import NODE_ORDERS, NodeOrder
 from gpupool.sim.sweep import parse_seeds
+from gpupool.sim.tenants import TENANTS
 from gpupool.sim.traces.bounds import MAX_FILE_BYTES, check_size
 from gpupool.sim.traces.errors import TraceError
-from gpupool.sim.traces.openb import read_nodes, read_pods
+from gpupool.sim.traces.jobtable import read_workload
+from gpupool.sim.traces.openb import read_nodes
 
 app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
@@ -54,22 +60,34 @@ def _reported(*expected: type[Exception]) -> Iterator[None]:
 
 
 def _policies(text: str) -> list[str]:
+    from gpupool.core import installed_registry, placement_profile
+
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in PLACEMENT_PROFILES]
-    if not names or unknown:
-        raise typer.BadParameter(f"unknown policy {unknown[0] if unknown else text!r}; "
-                                 f"choose from {', '.join(PLACEMENT_PROFILES)}", param_hint="--policy")
+    if not names:
+        raise typer.BadParameter(f"no policy in {text!r}", param_hint="--policy")
+    registry = installed_registry()
+    for name in names:
+        try:
+            placement_profile(name, registry)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("policy: "), param_hint="--policy") from None
     return names
 
 
 def _profiles(text: str | None, queues: Path | None) -> tuple[str | None, ...]:
+    from gpupool.core import installed_registry, scheduling_profile
+
     if text is None:
         return (None,)
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in SCHEDULING_PROFILES]
-    if not names or unknown:
-        raise typer.BadParameter(f"unknown profile {unknown[0] if unknown else text!r}; "
-                                 f"choose from {', '.join(SCHEDULING_PROFILES)}", param_hint="--profile")
+    if not names:
+        raise typer.BadParameter(f"no profile in {text!r}", param_hint="--profile")
+    registry = installed_registry()
+    for name in names:
+        try:
+            scheduling_profile(name, "best", registry)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
     if queues is None:
         raise typer.BadParameter("multi-tenant profiles need --queues", param_hint="--profile")
     return tuple(names)
@@ -148,7 +166,7 @@ def bound(
     levels = [_demand(d.strip()) for d in demand.split(",") if d.strip()]
     with _reported(ValueError):
         node_list = read_nodes(nodes)
-        results = [(p, level, lp_bound(node_list, [q.shape for q in read_pods(_existing(p, "--pods"))], level))
+        results = [(p, level, lp_bound(node_list, [q.shape for q in read_workload(_existing(p, "--pods"))], level))
                    for p in pods for level in levels]
     if as_json:
         console.print_json(json.dumps([{"pods": str(p), "demand": str(level), "bound_pct": round(b.pct, 3),
@@ -166,7 +184,9 @@ def bound(
 
 @app.command()
 def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earlier runs"),
-            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="print JSON"),
+            per_queue: bool = typer.Option(False, help="replays: also each queue's wait, JCT and bounded slowdown")
+            ) -> None:
     """Print the policies of one or more output folders side by side."""
     loaded = []
     for d in dirs:
@@ -178,7 +198,7 @@ def compare(dirs: list[Path] = typer.Argument(..., help="output folders of earli
     if as_json:
         console.print_json(json.dumps({str(d): s for d, s in loaded}))
         return
-    _print_summary(loaded)
+    _print_summary(loaded, per_queue)
 
 
 def _summary(path: Path) -> dict[str, object]:
@@ -205,22 +225,67 @@ def _figures(entry: object) -> bool:
     return all(isinstance(level, dict) and type(level.get("mean", 0)) in (int, float) for level in levels)
 
 
-def _print_summary(loaded: list[tuple[Path, dict[str, object]]]) -> None:
+def _print_summary(loaded: list[tuple[Path, dict[str, object]]], per_queue: bool = False) -> None:
+    """Each output's figures per trace, one column per policy, as mean [95% interval] over seeds; a fill summary
+    from before per-seed figures were kept prints as mean ± sd."""
+    from gpupool.sim.compare import fewest_seeds, fill_intervals, queues_of, replay_intervals
+
+    seeds: list[int] = []
+    identical: list[bool] = []
+    for d, summary in loaded:
+        traces = summary.get("traces", {})
+        assert isinstance(traces, dict)
+        runs = summary.get("runs")
+        runs = [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else None
+        tables = replay_intervals(runs) if runs is not None else fill_intervals(traces)
+        if not tables:
+            _print_fill_sd(d, traces)
+            continue
+        seeds.append(fewest_seeds(tables))
+        identical.append(all(i.lo == i.hi for m in tables.values() for per in m.values() for i in per.values())
+                         and fewest_seeds(tables) > 1)
+        _print_tables(d, tables, "")
+        if per_queue and runs is not None:
+            for queue in queues_of(runs):
+                _print_tables(d, replay_intervals(runs, queue), f", queue {queue}")
+    if identical and all(identical):
+        console.print("[yellow]note: every seed gave the same figures (zero-width intervals): the replay is "
+                      "deterministic; --jitter-s samples nearby workloads, so that the intervals mean "
+                      "something[/yellow]")
+    if seeds and min(seeds) < 2:
+        console.print("[yellow]warning: one seed: no confidence interval, and no sign of how much the figures move "
+                      "between seeds; run at least 3 (--seeds 42-44)[/yellow]")
+
+
+def _print_tables(d: Path, tables: dict[str, dict[str, dict[str, Interval]]], what: str) -> None:
+    from gpupool.sim.compare import fewest_seeds
+
+    for trace, metrics in tables.items():
+        policies = sorted({p for per in metrics.values() for p in per})
+        seeds = fewest_seeds({trace: metrics})
+        table = Table(title=f"{d} · {trace}{what}: mean [95% confidence interval] over {seeds} seed"
+                      f"{'s' if seeds != 1 else ''} (docs: Simulator, Replay: Metrics)")
+        table.add_column("figure")
+        for policy in policies:
+            table.add_column(policy, justify="right")
+        for label, per in metrics.items():
+            table.add_row(label, *(per[p].text() if p in per else "" for p in policies))
+        console.print(table)
+
+
+def _print_fill_sd(d: Path, traces: dict[str, dict[str, dict[str, object]]]) -> None:
     table = Table(title="GPU allocation (%) by arrived demand, mean ± sd over seeds")
     for column in ("run", "trace", "policy", "@100", "@130", "unallocated GPUs @130", "LP bound @130",
                    "gap GPUs @130"):
         table.add_column(column, justify="left" if column in ("run", "trace", "policy") else "right")
-    for d, summary in loaded:
-        traces = summary.get("traces", {})
-        assert isinstance(traces, dict)
-        for trace, policies in traces.items():
-            ranked = sorted(policies.items(), key=lambda kv: -kv[1].get("at_130", {}).get("mean", 0))
-            for policy, levels in ranked:
-                a, b = levels.get("at_100", {}), levels.get("at_130", {})
-                bound = b.get("lp_bound", b.get("capacity_bound", ""))
-                table.add_row(str(d), trace, policy, f"{a.get('mean', '')} ± {a.get('sd', '')}",
-                              f"{b.get('mean', '')} ± {b.get('sd', '')}", str(b.get("unallocated_gpus", "")),
-                              str(bound), str(b.get("gap_gpus_to_lp_bound", "")))
+    for trace, policies in traces.items():
+        ranked = sorted(policies.items(), key=lambda kv: -kv[1].get("at_130", {}).get("mean", 0))
+        for policy, levels in ranked:
+            a, b = levels.get("at_100", {}), levels.get("at_130", {})
+            bound = b.get("lp_bound", b.get("capacity_bound", ""))
+            table.add_row(str(d), trace, policy, f"{a.get('mean', '')} ± {a.get('sd', '')}",
+                          f"{b.get('mean', '')} ± {b.get('sd', '')}", str(b.get("unallocated_gpus", "")),
+                          str(bound), str(b.get("gap_gpus_to_lp_bound", "")))
     console.print(table)
 
 
@@ -263,8 +328,9 @@ def replay(
         "waiting over 2 h)")),
     max_moves_per_cycle: int = typer.Option(8, min=0, help="consolidation budget per cycle"),
     max_moves_per_hour: int = typer.Option(60, min=0, help="consolidation budget per simulated hour"),
-    queues: Path | None = typer.Option(None, help="queue tree YAML (docs: Queues and quotas); enables quotas and "
-                                                  "fair share"),
+    queues: Path | None = typer.Option(None, help="queue tree YAML (docs: Queues and quotas), or `tenants`: one "
+                                                  "queue per tenant of the trace (docs: Trace files); enables quotas "
+                                                  "and fair share"),
     assign: str = typer.Option("hash", help="how jobs map to leaf queues: hash (stable hash of the name) or "
                                "column (the pod list's queue column)"),
     profile: str | None = typer.Option(None, help="multi-tenant profiles, comma-separated: "
@@ -278,6 +344,16 @@ def replay(
     estimates: str = typer.Option("predicted", help=(
         "runtime estimates: predicted (from past jobs of the same user, queue and shape, as in production) or "
         "exact (each job's true duration: an oracle bound on what better estimates could buy)")),
+    submitted: str = typer.Option("", help="replay only jobs submitted in FROM,UNTIL (trace clock: whole seconds or "
+                                  "ISO-8601 times such as 2017-10-02; either side may be empty)"),
+    scale_guarantees: bool = typer.Option(False, help="scale the queue file's guarantees and limits down to the "
+                                          "simulated cluster instead of refusing guarantees above its GPUs"),
+    jitter_s: float = typer.Option(0.0, min=0.0, help="delay each job's submission by a seeded uniform draw in "
+                                   "[0, S) seconds, so that seeds sample nearby workloads (docs: Replay, Metrics)"),
+    warmup_s: float = typer.Option(0.0, min=0.0, help="measurement window: starts this long after the first "
+                                   "submission (docs: Replay, Metrics)"),
+    cooldown_s: float = typer.Option(0.0, min=0.0, help="measurement window: ends this long before the last "
+                                     "submission"),
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Time-based replay: arrivals and departures from the trace, a pending queue retried each cycle."""
@@ -286,7 +362,7 @@ def replay(
     _existing(nodes, "--nodes")
     for p in pods:
         _existing(p, "--pods")
-    if queues is not None:
+    if queues is not None and str(queues) != TENANTS:
         _existing(queues, "--queues")
     if assign not in ("hash", "column"):
         raise typer.BadParameter("must be hash or column", param_hint="--assign")
@@ -294,7 +370,8 @@ def replay(
         raise typer.BadParameter("must be predicted or exact", param_hint="--estimates")
     options = ReplayOptions(tick_s, sample_s, timing, (max_moves_per_cycle, max_moves_per_hour) if consolidate
                             else None, _profiles(profile, queues), str(queues) if queues else None, assign, time_scale,
-                            node_stride, leave_one_out, estimates == "exact")
+                            node_stride, leave_one_out, estimates == "exact", _submitted(submitted),
+                            warmup_s, cooldown_s, scale_guarantees, jitter_s)
     with _reported():
         _enough_jobs(pods, leave_one_out)
         summary = run_replay_sweep(nodes, pods, _policies(policy), _seeds(seeds), out, jobs, options,
@@ -312,7 +389,25 @@ def replay(
                                           "migrations_per_hour", "gpus_recovered_per_migration", "quota_violations",
                                           "fair_share_max_deviation_pct")))
     console.print(table)
+    _print_summary([(out, summary)])
     console.print(f"results: {out / 'results.csv'}\njobs:    {out / 'jobs.csv'}\nreport:  {out / 'report.md'}")
+
+
+def _submitted(text: str) -> tuple[int | None, int | None]:
+    from gpupool.sim.traces.jobtable import parse_time
+
+    if not text.strip():
+        return None, None
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise typer.BadParameter("give FROM,UNTIL (either may be empty)", param_hint="--submitted")
+    try:
+        begin, end = (parse_time(p)[0] if p.strip() else None for p in parts)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--submitted") from None
+    if begin is not None and end is not None and end <= begin:
+        raise typer.BadParameter("UNTIL must be after FROM", param_hint="--submitted")
+    return begin, end
 
 
 def _enough_jobs(pods: list[Path], leave_one_out: int) -> None:
@@ -341,26 +436,51 @@ def generate(
     limit_share: float = typer.Option(0.5, help="share of jobs with a runtime limit (1-3x their duration)"),
     seed: int = typer.Option(0, help="random seed"),
     node_stride: int = typer.Option(1, min=1, help="size the load for every K-th node only"),
+    scale_guarantees: bool = typer.Option(False, help="scale the queue file's guarantees and limits down to the "
+                                          "simulated cluster instead of refusing guarantees above its GPUs"),
 ) -> None:
-    """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load."""
+    """Write a multi-tenant workload drawn from a trace's shapes and durations at a target load inside the window."""
+    from dataclasses import asdict
+
     from gpupool.sim.generate import WorkloadSpec
     from gpupool.sim.generate import generate as write_workload
-    from gpupool.sim.tenants import load_queues
+    from gpupool.sim.provenance import provenance
+    from gpupool.sim.tenants import fit_guarantees, load_queues
 
     _existing(nodes, "--nodes")
     _existing(queues, "--queues")
     _existing(source, "--source")
     with _reported(ValueError):
         tree = load_queues(queues)
-        leaves = tree.leaves
-        weights = {leaf: 1.0 for leaf in leaves}
-        for part in filter(None, (p.strip() for p in shares.split(","))):
-            name, _, value = part.partition("=")
-            if name not in weights:
-                raise typer.BadParameter(f"{name!r} is not a leaf queue of {queues}", param_hint="--shares")
-            weights[name] = float(value)
+        weights = _shares(shares, tree.leaves, queues)
         spec = WorkloadSpec(load=load, days=days, gang_share=gang_share, limit_share=limit_share, seed=seed)
-        capacity = sum(len(n.gpus) for n in read_nodes(nodes)[::node_stride])
-        count = write_workload(read_pods(source), capacity, weights, spec, out)
-    console.print(f"wrote {count} jobs to {out}\nnext: {sys.argv[0]} sim replay --nodes {nodes} --pods {out} "
-                  f"--queues {queues} --assign column --profile fifo,default --out replay-out")
+        simulated = read_nodes(nodes)[::node_stride]
+        fit_guarantees(tree, simulated, scale_guarantees, str(queues))
+        made = write_workload(read_workload(source), sum(len(n.gpus) for n in simulated), weights, spec, out)
+    replay_out = out.with_name(out.stem + "-replay")
+    command = ["gpupool", "sim", "replay", "--nodes", str(nodes), "--pods", str(out), "--queues", str(queues),
+               "--assign", "column", "--profile", "fifo,default", "--node-stride", str(node_stride),
+               *(["--scale-guarantees"] if scale_guarantees else []), "--warmup-s", str(made.warmup_s),
+               "--out", str(replay_out)]
+    summary = {"protocol": "generate", "workload": str(out), "jobs": made.jobs, "seed": seed,
+               "target_load": load, "offered_load_in_window": round(made.offered_load, 4),
+               "window_s": [made.warmup_s, made.warmup_s + made.window_s], "capacity_gpus": made.capacity_gpus,
+               "node_stride": node_stride, "max_duration_s": made.max_duration_s, "next": shlex.join(command),
+               "provenance": provenance([nodes, queues, source], {**asdict(spec), "shares": weights,
+                                                                  "node_stride": node_stride,
+                                                                  "scale_guarantees": scale_guarantees}, [seed])}
+    out.with_name(out.stem + ".summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    console.print(f"wrote {made.jobs} jobs to {out}: offered load inside the window [{made.warmup_s}, "
+                  f"{made.warmup_s + made.window_s}) s: {made.offered_load:.3f} of {made.capacity_gpus} GPUs (target "
+                  f"{load:g}); durations capped at {made.max_duration_s} s, arrivals from that long before the window, "
+                  f"jobs cut at its end\nnext: {shlex.join(command)}")
+
+
+def _shares(text: str, leaves: list[str], queues: Path) -> dict[str, float]:
+    weights = {leaf: 1.0 for leaf in leaves}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in weights:
+            raise typer.BadParameter(f"{name!r} is not a leaf queue of {queues}", param_hint="--shares")
+        weights[name] = float(value)
+    return weights

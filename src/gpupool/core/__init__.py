@@ -14,7 +14,7 @@ from gpupool.core.model import DeviceShare, GpuDevice, JobSpec, NodeSpec, TaskSh
 from gpupool.core.nodes import NodeKind, NodeState, NodeTable
 from gpupool.core.profile import PLACEMENT_PROFILES, SCHEDULING_PROFILES, placement_profile, scheduling_profile
 from gpupool.core.queues import QueueSpec, QueueTree
-from gpupool.core.registry import default_registry
+from gpupool.core.registry import default_registry, installed_registry
 from gpupool.core.resources import ResourceVector
 from gpupool.core.snapshot import ClusterSnapshot, RunningTask
 
@@ -53,6 +53,7 @@ __all__ = [
     "WORKLOAD_AWARE",
     "Workload",
     "default_registry",
+    "installed_registry",
     "placement_profile",
     "run_cycle",
     "scheduling_profile",

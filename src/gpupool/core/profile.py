@@ -8,7 +8,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from gpupool.core.framework.interfaces import DevicePlugin, QueueOrderPlugin, ScorePlugin, VictimPlugin
 from gpupool.core.framework.placement import TieBreak
+from gpupool.core.framework.registry import Registry
 from gpupool.core.framework.runtime import Profile
 
 
@@ -66,16 +68,52 @@ SCHEDULING_PROFILES: dict[str, tuple[str, tuple[str, ...], dict[str, dict[str, A
 }
 
 
-def scheduling_profile(name: str, placement: str = "best") -> Profile:
-    """A multi-tenant profile (`SCHEDULING_PROFILES`) using the placement policy `placement`."""
-    if name not in SCHEDULING_PROFILES:
-        raise ValueError(f"profile: unknown {name!r}; choose from {', '.join(SCHEDULING_PROFILES)}")
-    order, actions, args = SCHEDULING_PROFILES[name]
-    base = placement_profile(placement)
-    return replace(base, name=name, queue_order=order, actions=actions, args={**base.args, **args})
+def scheduling_profile(name: str, placement: str = "best", registry: Registry | None = None) -> Profile:
+    """A multi-tenant profile using the placement policy `placement`.
+
+    `name` is an in-tree profile (`SCHEDULING_PROFILES`), optionally followed by `+plugin` parts, each a plugin of
+    `registry` swapped in at the extension point it implements: a queue order, a victim order or a score (which
+    replaces the profile's placement). A bare plugin name is `fifo+plugin`. So `fair-share+my_victims` is fair-share
+    evicting in `my_victims`' order."""
+    base, *extra = name.split("+")
+    if base not in SCHEDULING_PROFILES and _registered(registry, base) is not None:
+        base, extra = "fifo", [base, *extra]
+    if base not in SCHEDULING_PROFILES:
+        raise ValueError(f"profile: unknown {name!r}; choose from {', '.join(SCHEDULING_PROFILES)}, a plugin "
+                         "name or PROFILE+PLUGIN")
+    order, actions, args = SCHEDULING_PROFILES[base]
+    profile = placement_profile(placement, registry)
+    profile = replace(profile, name=name, queue_order=order, actions=actions, args={**profile.args, **args})
+    for plugin in extra:
+        profile = _swapped_in(profile, plugin, registry)
+    return profile
 
 
-def placement_profile(policy: str) -> Profile:
-    if policy not in PLACEMENT_PROFILES:
-        raise ValueError(f"policy: unknown {policy!r}; choose from {', '.join(PLACEMENT_PROFILES)}")
-    return PLACEMENT_PROFILES[policy]
+def _registered(registry: Registry | None, name: str) -> type | None:
+    """The class registered as plugin `name`, if any."""
+    factory = registry.plugins.get(name) if registry is not None else None
+    return factory if isinstance(factory, type) else None
+
+
+def _swapped_in(profile: Profile, plugin: str, registry: Registry | None) -> Profile:
+    factory = _registered(registry, plugin)
+    if factory is not None and issubclass(factory, QueueOrderPlugin):
+        return replace(profile, queue_order=plugin)
+    if factory is not None and issubclass(factory, VictimPlugin):
+        return replace(profile, victims=plugin)
+    if factory is not None and issubclass(factory, ScorePlugin):
+        return replace(profile, scores=((plugin, 1),), devices=plugin if issubclass(factory, DevicePlugin)
+                       else "best_fit")
+    raise ValueError(f"profile {profile.name}: {plugin!r} is not a registered queue-order, victim or score plugin")
+
+
+def placement_profile(policy: str, registry: Registry | None = None) -> Profile:
+    """An in-tree placement policy (`PLACEMENT_PROFILES`), or a score plugin of `registry` by its name (it picks
+    devices too if it is also a device plugin; otherwise best fit)."""
+    if policy in PLACEMENT_PROFILES:
+        return PLACEMENT_PROFILES[policy]
+    factory = _registered(registry, policy)
+    if factory is not None and issubclass(factory, ScorePlugin):
+        return _placement(policy, policy, policy if issubclass(factory, DevicePlugin) else "best_fit")
+    raise ValueError(f"policy: unknown {policy!r}; choose from {', '.join(PLACEMENT_PROFILES)} or an installed "
+                     "score plugin (entry-point group gpupool.plugins)")

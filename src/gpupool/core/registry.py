@@ -9,7 +9,7 @@ from gpupool.core.actions.preempt import PreemptAction
 from gpupool.core.actions.reclaim import ReclaimAction
 from gpupool.core.framework.action import Action
 from gpupool.core.framework.interfaces import Plugin
-from gpupool.core.framework.registry import Registry
+from gpupool.core.framework.registry import Registry, load_entry_points
 from gpupool.core.plugins.devices.best_fit import BestFitDevices
 from gpupool.core.plugins.devices.random_gpu import RandomDevices
 from gpupool.core.plugins.devices.worst_fit import WorstFitDevices
@@ -43,4 +43,13 @@ def default_registry() -> Registry:
     registry = Registry()
     for factory in _IN_TREE:
         registry.register(factory)
+    return registry
+
+
+def installed_registry() -> Registry:
+    """`default_registry()` plus every plugin installed under the entry-point group `gpupool.plugins` (docs:
+    Writing a plugin). It reads package metadata: the simulator and the server call it when they build a profile,
+    never inside a cycle."""
+    registry = default_registry()
+    load_entry_points(registry)
     return registry

@@ -21,7 +21,7 @@ from gpupool.core import (
     NodeSpec,
     Profile,
     TaskSpec,
-    default_registry,
+    installed_registry,
     run_cycle,
 )
 from gpupool.core.fragmentation import FragModel
@@ -99,7 +99,7 @@ def run_fill(nodes: list[NodeSpec], order: list[tuple[str, Pod]], profile: Profi
              frag: FragModel) -> FillRun:
     """Submit `order` one pod per cycle; the cycle RNG is seeded with `seed`."""
     cluster = SimCluster(nodes)
-    framework = Framework.build(profile, default_registry())
+    framework = Framework.build(profile, installed_registry())
     rng = random.Random(seed)
     clock = FixedClock()
     table = cluster.table

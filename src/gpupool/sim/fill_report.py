@@ -82,7 +82,7 @@ def summarise(rows: Sequence[dict[str, str]], total_gpus: dict[str, int],
     for (trace, policy, level), vals in sorted(values.items()):
         mean = statistics.fmean(vals)
         entry: dict[str, object] = {
-            "seeds": len(vals), "mean": round(mean, 3),
+            "seeds": len(vals), "mean": round(mean, 3), "per_seed": [round(v, 3) for v in vals],
             "sd": round(statistics.stdev(vals), 3) if len(vals) > 1 else 0.0,
             "unallocated_gpus": round((100 - mean) / 100 * total_gpus[trace], 1),
             "capacity_bound": min(100, level),

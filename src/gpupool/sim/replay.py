@@ -28,14 +28,15 @@ from gpupool.core import (
     PendingReason,
     Profile,
     QueueTree,
-    default_registry,
+    installed_registry,
     run_cycle,
 )
 from gpupool.core.decisions import Move
 from gpupool.core.diagnostics import PendingKind
 from gpupool.core.feasible import never_fits
+from gpupool.core.fragmentation import FragModel
 from gpupool.core.framework.session import cluster_capacity
-from gpupool.core.metrics import cluster_figures
+from gpupool.core.metrics import cluster_figures, fragmentation_milli
 from gpupool.core.predictor import RuntimePredictor, raised_after_overrun
 from gpupool.core.queues import GPU_UNITS
 from gpupool.sim.cluster import SimCluster
@@ -79,6 +80,10 @@ class Sample:
     running_tasks: int
     fragmented_nodes: int
     gpu_nodes: int
+    #: idle milli-GPU on fragmented nodes (nodes with some but not all of their GPU idle)
+    fragmented_free_milli: int = 0
+    #: FGD's fragmentation amount F(M) in milli-GPU, against the replay's target workload (0: no model given)
+    fgd_frag_milli: float = 0.0
 
 
 @dataclass
@@ -99,17 +104,25 @@ class ReplayRun:
     meter: QueueMeter | None = None
     #: GPU-seconds of work lost by moved jobs that cannot checkpoint (they start over)
     move_lost_gpu_s: float = 0.0
+    #: GPU-seconds of work lost by evicted jobs (they go back to the queue and start over)
+    evict_lost_gpu_s: float = 0.0
+    #: the measurement window [start, end) on the trace clock, and the milli-GPU-seconds allocated inside it
+    window: tuple[float, float] | None = None
+    window_area: float = 0.0
+    #: each job's run time in the trace (seconds)
+    durations: dict[str, float] = field(default_factory=dict)
 
 
 class Replay:
     """One replay of `arrivals` on `nodes` under `profile` (seeded with `seed`)."""
 
     def __init__(self, nodes: Iterable[NodeSpec], arrivals: Iterable[JobArrival], profile: Profile, seed: int,
-                 tick_s: float = 0.0, sample_s: float = 3600.0, queues: QueueTree | None = None) -> None:
+                 tick_s: float = 0.0, sample_s: float = 3600.0, queues: QueueTree | None = None,
+                 window: tuple[float, float] | None = None, frag: FragModel | None = None) -> None:
         self.engine = Engine()
         self.clock = SimClock(self.engine)
         self.cluster = SimCluster(nodes, queues)
-        self.framework = Framework.build(profile, default_registry())
+        self.framework = Framework.build(profile, installed_registry())
         self.rng = random.Random(seed)
         self.tick_s, self.sample_s = tick_s, sample_s
         self.arrivals = sorted(arrivals, key=lambda a: (a.time, a.job.id))
@@ -127,8 +140,10 @@ class Replay:
         self.cycles = self.decisions = self.recovered_milli = 0
         self.cycle_seconds: list[float] = []
         self.move_times: list[float] = []
-        #: GPU-seconds of work lost by jobs that were moved and cannot checkpoint
-        self.move_lost_gpu_s = 0.0
+        #: GPU-seconds of work lost by jobs that were moved and cannot checkpoint, or were evicted
+        self.move_lost_gpu_s = self.evict_lost_gpu_s = 0.0
+        self.window, self.frag = window, frag
+        self._window_area = 0.0
 
     def run(self) -> ReplayRun:
         if not self.arrivals:
@@ -146,7 +161,7 @@ class Replay:
         return ReplayRun(self.records, self.samples, start, self.engine.now, self._area,
                          self.cluster.capacity_gpu_milli, self.cycles, self.decisions, time.perf_counter() - wall,
                          self.cycle_seconds, len(self.move_times), self.recovered_milli, self.meter,
-                         self.move_lost_gpu_s)
+                         self.move_lost_gpu_s, self.evict_lost_gpu_s, self.window, self._window_area, self.durations)
 
     # 1. events --------------------------------------------------------------------------------
 
@@ -188,7 +203,8 @@ class Replay:
         figures = cluster_figures(self.cluster.table)
         self.samples.append(Sample(self.engine.now, figures.allocated_milli, figures.capacity_milli,
                                    len(self.pending), len(self.cluster.running), figures.fragmented_nodes,
-                                   figures.nodes))
+                                   figures.nodes, figures.fragmented_free_milli,
+                                   fragmentation_milli(self.cluster.table, self.frag) if self.frag else 0.0))
         if len(self.engine):  # other events remain; pending jobs alone can never start
             self.engine.schedule(self.engine.now + self.sample_s, SAMPLE, self._sample)
 
@@ -264,6 +280,8 @@ class Replay:
                              (record.job.id, record.attempt))
 
     def _requeue(self, record: JobRecord) -> None:
+        if record.start is not None:
+            self.evict_lost_gpu_s += (self.engine.now - record.start) * record.gpus_milli / 1000
         for task in record.job.tasks:
             if task.id in self.cluster.running:
                 self.cluster.release(task.id)
@@ -281,4 +299,7 @@ class Replay:
     def _integrate(self) -> None:
         now = self.engine.now
         self._area += (now - self._area_t) * self.cluster.allocated_gpu_milli
+        if self.window is not None:
+            inside = min(now, self.window[1]) - max(self._area_t, self.window[0])
+            self._window_area += max(0.0, inside) * self.cluster.allocated_gpu_milli
         self._area_t = now

@@ -11,6 +11,7 @@ from gpupool.core.metrics import ESTIMATE_BUCKETS, WAIT_BUCKETS_S, histogram, ne
 from gpupool.core.units import MILLI
 from gpupool.protocol.csvsafe import SafeDictWriter
 from gpupool.sim.replay import ReplayRun
+from gpupool.sim.replay_metrics import replay_figures
 
 SAMPLE_COLUMNS = ("trace", "policy", "seed", "time_s", "gpu_alloc_pct", "unallocated_gpus", "gfr_pct",
                   "pending_jobs", "running_tasks")
@@ -60,14 +61,16 @@ def run_summary(run: ReplayRun, timing: bool) -> dict[str, object]:
         "p50_wait_s": nearest_rank(waits, 50) if waits else None,
         "p90_wait_s": nearest_rank(waits, 90) if waits else None,
         "p99_wait_s": nearest_rank(waits, 99) if waits else None,
+        "max_wait_s": max(waits) if waits else None,
         "jwtd_buckets": histogram(waits, WAIT_BUCKETS_S),
-        "gar_window": round(run.allocated_area / (run.capacity_milli * span), 4) if span > 0 else None,
+        "gar_run": round(run.allocated_area / (run.capacity_milli * span), 4) if span > 0 else None,
         "cycles": run.cycles, "decisions": run.decisions,
         "migrations": run.moves,
         "migrations_per_hour": round(3600 * run.moves / span, 3) if span > 0 else None,
         "gpus_recovered_per_migration": round(run.recovered_milli / 1000 / run.moves, 3) if run.moves else None,
         "migration_lost_gpu_hours": round(run.move_lost_gpu_s / 3600, 1),
         **estimate_accuracy(run),
+        **replay_figures(run),
     }
     if run.meter is not None:
         deviation, window, queue = run.meter.worst_deviation()

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpupool.core import QueueSpec, QueueTree, ResourceVector
-from gpupool.core.queues import GPU_UNITS, model_resource
+from gpupool.core import NodeSpec, QueueSpec, QueueTree, ResourceVector
+from gpupool.core.queues import DEFAULT_UNIT, GPU_UNITS, model_resource
 from gpupool.core.units import CPU, MEMORY, parse_milli
 from gpupool.sim.traces.bounds import MAX_MEMORY_MIB, MAX_TIME_S, check_size, name, whole
 from gpupool.sim.traces.errors import TraceError, shown
@@ -212,3 +213,51 @@ def assign_by_hash(name: str, leaves: Sequence[str]) -> str:
 
 def usage_units(usage: Mapping[str, ResourceVector]) -> dict[str, int]:
     return {q: v[GPU_UNITS] for q, v in usage.items()}
+
+
+#: queues a trace's tenants become at most (`tenant_tree`): the largest by GPU-seconds, the others share OTHER
+MAX_TENANT_QUEUES = 32
+OTHER = "other"
+#: `--queues tenants`: the trace's tenants become the queues (`tenant_tree`)
+TENANTS = "tenants"
+#: the queue of a job without a tenant
+NO_TENANT = "default"
+
+
+def tenant_tree(demand: Mapping[str, int], capacity_milli: int) -> tuple[QueueTree, dict[str, str]]:
+    """The rule by which a trace's tenants become queues: one flat leaf queue per tenant (jobs without one go to
+    NO_TENANT), the MAX_TENANT_QUEUES - 1 largest by GPU-seconds when there are more than MAX_TENANT_QUEUES, the
+    rest merged into OTHER. Each leaf is guaranteed the cluster's GPUs in proportion to its tenants' GPU-seconds
+    (`demand`: tenant -> milli-GPU-seconds), rounded down to a milli-GPU, with over-quota weight 1.
+    Returns the tree and tenant -> leaf."""
+    ranked = sorted(demand, key=lambda t: (-demand[t], t))
+    kept = set(ranked if len(ranked) <= MAX_TENANT_QUEUES else ranked[:MAX_TENANT_QUEUES - 1])
+    leaf_of = {t: t if t in kept else OTHER for t in ranked}
+    totals: dict[str, int] = {}
+    for tenant, work in demand.items():
+        totals[leaf_of[tenant]] = totals.get(leaf_of[tenant], 0) + work
+    everything = sum(totals.values()) or 1
+    specs = [QueueSpec(leaf, guaranteed=ResourceVector({GPU_UNITS: capacity_milli * work // everything}))
+             for leaf, work in sorted(totals.items())]
+    return QueueTree(specs), leaf_of
+
+
+def fit_guarantees(tree: QueueTree, nodes: Sequence[NodeSpec], scale: bool, where: str) -> QueueTree:
+    """The tree, if its top-level queues' GPU guarantees fit the simulated cluster (`nodes`, in GPU units). Above
+    it: with `scale`, every queue's guarantees and limits multiplied by capacity / guaranteed (rounded down);
+    otherwise TraceError naming the queue file `where`, since a replay would run with promises it cannot keep."""
+    capacity = sum(tree.gpu_units.get(g.model, DEFAULT_UNIT) for n in nodes for g in n.gpus)
+    promised = sum(tree.specs[r].guaranteed.get(GPU_UNITS, 0) for r in tree.roots)
+    if promised <= capacity:
+        return tree
+    if not scale:
+        raise TraceError(where, 1, "guaranteed", f"the top-level queues are guaranteed {promised / 1000:g} GPUs, "
+                         f"above the {capacity / 1000:g} of the simulated cluster ({len(nodes)} nodes); pass "
+                         f"--scale-guarantees to multiply every guarantee and limit by {capacity / promised:.4f}")
+
+    def scaled(amounts: ResourceVector | None) -> ResourceVector | None:
+        return None if amounts is None else ResourceVector({k: v * capacity // promised for k, v in amounts.items()})
+
+    return QueueTree([replace(s, guaranteed=scaled(s.guaranteed) or ResourceVector(), limit=scaled(s.limit),
+                              borrow_limit=scaled(s.borrow_limit), lend_limit=scaled(s.lend_limit))
+                      for s in tree.specs.values()], tree.gpu_units)

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gpupool.core import Framework, Workload, default_registry, run_cycle, scheduling_profile
+from gpupool.core import Framework, Workload, installed_registry, run_cycle, scheduling_profile
 from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.model import TaskShape
 from gpupool.server.db.engine import Database, unreachable
@@ -56,8 +56,11 @@ class SchedulerLoop:
                  placement: str, interval_s: float, metrics: Any = None) -> None:
         self.db, self.cache, self.binder, self.lease = db, cache, binder, lease
         workload = Workload.from_shapes(GENERIC_SHAPES)
-        self.framework = Framework.build(scheduling_profile(profile, placement).with_workload(workload),
-                                         default_registry())
+        registry = installed_registry()  # plugins of the gpupool.plugins entry points too
+        chosen = scheduling_profile(profile, placement, registry)
+        self.framework = Framework.build(chosen.with_workload(workload), registry)
+        log.info("scheduling profile %s: queue order %s, scores %s, devices %s, victims %s", chosen.name,
+                 chosen.queue_order, ",".join(n for n, _ in chosen.scores), chosen.devices, chosen.victims)
         self.interval_s = interval_s
         self.metrics = metrics
         self.clock, self.rng = WallClock(), random.Random(0)

@@ -52,6 +52,8 @@ class Pod:
     user: str = ""
     gang: int = 1
     runtime_limit_s: float | None = None
+    #: the job's priority (higher first; None: from `qos`)
+    priority: int | None = None
     #: the line of the pod list the pod ends on (0: not read from a file)
     line: int = field(default=0, compare=False)
 
