@@ -228,8 +228,12 @@ def queue_create(name: str, parent: str | None = typer.Option(None), guaranteed_
                  max_disconnect: int | None = typer.Option(None, min=1, help=(
                      "seconds its jobs keep running on a node cut off from every control plane (default: the "
                      "pool's max_disconnect_s; shorter moves them sooner off a node that died)")),
+                 hold_unsatisfiable: bool = typer.Option(False, "--hold-unsatisfiable", help=(
+                     "let jobs that no node of the pool could hold wait for capacity added on demand, instead of "
+                     "refusing them at submission")),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     body: dict[str, object] = {"name": name, "parent": parent, "over_quota_weight": weight,
+                               "hold_unsatisfiable": hold_unsatisfiable,
                                "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect,
                                "guaranteed": {"gpus": guaranteed_gpus} if guaranteed_gpus else {}}
     if limit_gpus:

@@ -203,6 +203,9 @@ class QueueCreate(_Request):
     max_disconnect_s: int | None = Field(default=None, ge=1, le=7 * 86400, description=(
         "its jobs' max_disconnect unless a job names its own (never above the pool's): how long their tasks keep "
         "running on a node that hears from no control plane"))
+    hold_unsatisfiable: bool = Field(default=False, description=(
+        "let its jobs that no node of the pool could hold, even empty, wait (for capacity added on demand) instead "
+        "of refusing them at submission"))
 
     @field_validator("approval_above_gpus")
     @classmethod
@@ -221,6 +224,7 @@ class QueueOut(_Response):
     over_quota_weight: int
     priority: int
     max_disconnect_s: int | None = None
+    hold_unsatisfiable: bool = False
     used_gpus: float = 0
     fair_share_gpus: float = 0
     pending_jobs: int = 0

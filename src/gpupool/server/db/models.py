@@ -124,6 +124,8 @@ class QueueRow(Base):
     reclaim_min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
     idle_reclaim_s: Mapped[float | None] = mapped_column(Float)
     max_disconnect_s: Mapped[int | None] = mapped_column()  # its jobs' unless they name their own
+    #: jobs no node of the pool could hold wait (for capacity added on demand) instead of being refused
+    hold_unsatisfiable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -13,12 +13,14 @@ from sqlalchemy import bindparam, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpupool.core import TaskShape
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Job, JobEvent, Node, Org, Project, QueueRow, User, new_id, utcnow
 from gpupool.server.db.repositories import UNNUMBERED, QueueIndex, job_shape, number_at_commit
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
+from gpupool.server.services import capacity
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.metering import aware
 from gpupool.server.services.tenancy import member
@@ -45,7 +47,9 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
     _check_requests(body)
     _check_project(principal, body.project, found)
     _check_queue(body.queue, found)
-    job_shape(spec)  # validates the shape as the scheduler will read it
+    shape = job_shape(spec)  # validates the shape as the scheduler will read it
+    if not found.hold_unsatisfiable:
+        _check_satisfiable(session, shape, body)
     if pending_cap is not None:
         _check_pending_cap(principal, found.pending, pending_cap)
     approval = found.approval_above_milli
@@ -87,6 +91,7 @@ class _Admission:
     approval_above_milli: int | None
     queue_max_disconnect_s: int | None
     child_queue_id: str | None
+    hold_unsatisfiable: bool | None
     pending: int
 
 
@@ -120,6 +125,7 @@ ADMISSION = select(
     _queue_first(QueueRow.max_disconnect_s),
     _first(QueueRow.id, QueueRow.parent == _queue_name,
            or_(QueueRow.org_id == _org, QueueRow.org_id.is_(None), ~_own_queue)),
+    _queue_first(QueueRow.hold_unsatisfiable),
     _pending.scalar_subquery())
 
 
@@ -194,6 +200,16 @@ def _check_requests(body: api.JobCreate) -> None:
         raise HTTPException(422, f"gpus, cpus, memory_mib: a job without GPUs asks for at least "
                                  f"{MIN_CPUS_WITHOUT_GPU} CPU and {MIN_MEMORY_MIB_WITHOUT_GPU} MiB of memory "
                                  f"(this one: gpus={body.gpus}, cpus={body.cpus}, memory_mib={body.memory_mib})")
+
+
+def _check_satisfiable(session: Session, shape: TaskShape, body: api.JobCreate) -> None:
+    """422 naming the field when no node of the pool could hold the job even with every node empty
+    (services.capacity); nothing is stored."""
+    found = capacity.never_fits(capacity.pool_kinds(session), shape, body.min_tasks or body.tasks)
+    if found is not None:
+        field, message = found
+        raise HTTPException(422, f"{field}: {message}; no node of the pool could ever run this job (a queue with "
+                                 f"hold_unsatisfiable lets such jobs wait for capacity)")
 
 
 def _check_pending_cap(principal: Principal, pending: int, cap: int) -> None:
