@@ -182,6 +182,8 @@ class Node(Base):
     untrusted_images: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     #: who the node's process jobs run as, as its agent says (protocol.agent.JobsAs)
     jobs_as: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
+    #: where other nodes reach it, as its agent says (gangs' MASTER_ADDR and hostfile); None: unsaid (its name)
+    address: Mapped[str | None] = mapped_column(String(253))
 
 
 class AgentCertificate(Base):
@@ -233,6 +235,8 @@ class Allocation(Base):
     release_reason: Mapped[str] = mapped_column(String(32), default="")
     #: the ledger holds this allocation's usage up to here (metering is idempotent per period)
     metered_until: Mapped[datetime | None] = mapped_column()
+    #: task 0 of a gang: the MASTER_PORT its agent chose and reported; the other tasks are launched with it
+    rendezvous_port: Mapped[int | None] = mapped_column()
 
 
 class AllocationSlot(Base):
