@@ -50,7 +50,7 @@ def test_a_gang_needing_a_node_held_by_a_task_of_unknown_length_still_gets_a_res
     result = _cycle([gang, late], unknown_started_at=NOW - 400)
     # the unknown task has run 400 s, so it is planned to end 400 s from now: the gang holds both nodes then
     assert result.pending["gang"].kind is PendingKind.BACKFILL_WINDOW
-    assert "from t=1400" in result.pending["gang"].message
+    assert result.pending["gang"].at == 1400
     # that start is a guess that slides while the task runs on, so it holds no GPU against a job that fits now
     # (issue 43: a 0.3-GPU job waited minutes beside a free half GPU behind such a start)
     assert [d.job_id for d in result.decisions] == ["late"]
@@ -83,7 +83,7 @@ def test_evicting_actions_keep_off_reserved_nodes():
     profile = scheduling_profile("priority", "bestfit").with_args("allocate", reserve_after_s=7200.0)
     result = run_cycle(ClusterSnapshot(table, (gang, urgent), running), Framework.build(profile, default_registry()),
                        clock=FixedClock(NOW), rng=random.Random(0))
-    assert "from t=1400" in result.pending["gang"].message
+    assert result.pending["gang"].at == 1400
     assert result.decisions == () and "urgent" in result.pending
 
 
@@ -101,7 +101,7 @@ def test_a_task_started_in_the_same_cycle_delays_a_later_reservation_to_its_plan
                        clock=FixedClock(NOW), rng=random.Random(0))
     assert [d.job_id for d in result.decisions] == ["small"]
     reason = result.pending["gang"]
-    assert reason.kind is PendingKind.BACKFILL_WINDOW and "from t=2000" in reason.message
+    assert reason.kind is PendingKind.BACKFILL_WINDOW and reason.at == 2000
 
 
 def test_per_table_memos_start_again_past_their_limit():
@@ -127,7 +127,7 @@ def test_a_gang_the_full_cluster_has_no_room_for_waits_for_room_with_a_reservati
     result = run_cycle(ClusterSnapshot(table, (gang, small), running, queues=tree),
                        Framework.build(profile, default_registry()), clock=FixedClock(NOW), rng=random.Random(0))
     assert result.pending["gang"].kind is PendingKind.BACKFILL_WINDOW
-    assert "from t=1300" in result.pending["gang"].message
+    assert result.pending["gang"].at == 1300
     # the free GPU stays free for the gang: "small" would still run at t=1300
     assert result.pending["small"].kind is PendingKind.RESERVED_FOR and result.decisions == ()
 
@@ -172,3 +172,33 @@ def test_a_reservation_resting_on_estimates_still_blocks_work_that_would_delay_i
     result = run_cycle(ClusterSnapshot(table, (wide, small), running), framework, clock=FixedClock(NOW),
                        rng=random.Random(0))
     assert result.decisions == () and result.pending["small"].kind is PendingKind.RESERVED_FOR
+
+
+def test_why_gives_a_reservation_time_as_iso_and_names_its_holder():
+    result = _sliding_case((83.0, 83.0))
+    wide = result.pending["wide"]
+    assert wide.at == NOW + 83 and "from 1970-01-01T00:18:03Z" in wide.message and "t=" not in wide.message
+    assert "a guess" in wide.message  # it rests on tasks of unknown length
+    table = table_of(make_node("n1", gpus=2))
+    running = {}
+    running["k/0"] = replace(run_on(table, running, "n1", "k/0", ONE), expected_end=NOW + 100)
+    framework = Framework.build(scheduling_profile("default", "bestfit"), default_registry())
+    jobs = (make_job("wide", TWO, submitted_at=0), make_job("small", make_shape(300), submitted_at=1))
+    result = run_cycle(ClusterSnapshot(table, jobs, running), framework, clock=FixedClock(NOW), rng=random.Random(0))
+    small = result.pending["small"]
+    assert small.kind is PendingKind.RESERVED_FOR and small.holder == "wide" and small.at == NOW + 100
+    assert "reserved for job wide from 1970-01-01T00:18:20Z" in small.message
+    assert "a guess" not in result.pending["wide"].message
+
+
+def test_a_task_no_node_could_take_is_told_why_not_that_the_node_is_reserved():
+    # issue 43: an 8-GPU job on a 2-GPU node was told in turn "1 node reserved for another job" and "1 too few GPUs
+    # on node"; the node is reserved for "wide", but the reason that holds either way is its GPU count
+    table = table_of(make_node("n1", gpus=2))
+    running = {}
+    running["k/0"] = replace(run_on(table, running, "n1", "k/0", ONE), expected_end=NOW + 100)
+    eight = make_job("eight", make_shape(1000, gpu_count=8), submitted_at=1)
+    framework = Framework.build(scheduling_profile("default", "bestfit"), default_registry())
+    result = run_cycle(ClusterSnapshot(table, (make_job("wide", TWO, submitted_at=0), eight), running), framework,
+                       clock=FixedClock(NOW), rng=random.Random(0))
+    assert result.pending["eight"].details == (("too few GPUs on node", 1),), result.pending["eight"]

@@ -4,6 +4,7 @@ jobs of unknown length, a 2-GPU job waiting for the node (its start, a guess, sl
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -23,6 +24,10 @@ def test_a_small_job_beside_a_sliding_reservation_starts_within_a_cycle(cluster:
     wide = cluster.submit(command=SLEEP, gpus="2")
     reason = wait_for(lambda: (cluster.job(wide).get("reason") or {}).get("kind"), 10, "the 2-GPU job's reason")
     assert reason == "backfill_window", cluster.job(wide)
+    why = cluster.api.get(f"/jobs/{wide}/why").json()
+    # issue 43: "from t=1796525796 (60 s from now)"; now an ISO time and how far it is, said to be a guess
+    assert re.search(r"from \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ, in \d+ (s|min) \(a guess", why["message"]), why
+    assert "t=" not in why["message"] and why["at"]
     # a cycle runs every 0.1 s and at once on a submission; the guess it waited for before was 60 s or more away
     submitted = time.monotonic()
     small = cluster.submit(command=SLEEP, gpus="0.3")

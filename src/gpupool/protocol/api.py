@@ -370,8 +370,11 @@ class JobCreate(_Request):
 
 class PendingReasonOut(_Response):
     kind: str
-    message: str
+    message: str = Field(description="in the scheduler's words; a time in it is ISO 8601 UTC followed by how far "
+                                     "from now it is (\"2026-12-06T10:00:00Z, in 3 min\")")
     details: list[dict[str, Any]] = Field(default_factory=list)
+    at: UtcTime | None = Field(default=None, description="the time the message names (a reservation's start)")
+    holder: str | None = Field(default=None, description="the job or queue that holds what the job needs")
 
 
 class AllocationOut(_Response):

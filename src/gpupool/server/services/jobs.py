@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.core import TaskShape
+from gpupool.core.diagnostics import iso_utc
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Job, JobEvent, Node, Org, Project, QueueRow, User, new_id, utcnow
@@ -246,7 +248,7 @@ def job_out(session: Session, job: Job, with_allocations: bool = False, project_
                      priority=job.priority, gpus=str(job.spec["gpus"]), tasks=int(job.spec["tasks"]),
                      command=list(job.spec["command"]), tags=dict(job.tags), submitted_at=job.submitted_at,
                      started_at=job.started_at, finished_at=job.finished_at, exit_code=job.exit_code,
-                     reason=api.PendingReasonOut(**job.reason) if job.reason else None,
+                     reason=reason_out(job.reason) if job.reason else None,
                      secret_env=list(job.spec.get("secret_env", [])))
     if with_allocations:
         nodes = {n.id: n.name for n in session.scalars(select(Node))}
@@ -348,6 +350,32 @@ def _check_still_a_leaf(session: Session, job: Job) -> None:
 def org_name(session: Session, org_id: str) -> str:
     org = session.get(Org, org_id)
     return org.name if org else ""
+
+
+def reason_out(reason: dict[str, Any], now: float | None = None) -> api.PendingReasonOut:
+    """A stored pending reason (the scheduling cycle's, `PendingReason.to_dict`) as the API gives it: the time its
+    message names followed by how far from `now` (default: the wall clock) it is, read when asked."""
+    at = reason.get("at")
+    message = str(reason.get("message", ""))
+    if isinstance(at, int | float):
+        when = iso_utc(at)
+        message = message.replace(when, f"{when}, {relative(at - (time.time() if now is None else now))}")
+    return api.PendingReasonOut(kind=str(reason.get("kind", "")), message=message,
+                                details=list(reason.get("details") or []),
+                                at=datetime.fromtimestamp(at, UTC) if isinstance(at, int | float) else None,
+                                holder=reason.get("holder") or None)
+
+
+def relative(seconds: float) -> str:
+    """"in 3 min", "2 h ago", "now": how far a time is, to a sensible unit."""
+    span = abs(seconds)
+    if span < 1:
+        return "now"
+    for limit, unit, size in ((90, "s", 1), (90 * 60, "min", 60), (36 * 3600, "h", 3600), (float("inf"), "d", 86400)):
+        if span < limit:
+            amount = f"{round(span / size)} {unit}"
+            return f"in {amount}" if seconds > 0 else f"{amount} ago"
+    return "now"  # not reached
 
 
 def why_scheduled(session: Session, job: Job) -> api.PendingReasonOut:
