@@ -544,15 +544,7 @@ class AgentHub:
     def _vouch(self, node_id: str, untrusted_images: bool | None) -> None:
         """Keep the node's container-toolkit verdict as its agent says it on connecting (None: unsaid, kept); the
         scheduler sees a change at once. Running jobs stay where they are."""
-        if untrusted_images is None:
-            return
-        with self.db.session() as session:
-            node = session.get(Node, node_id)
-            changed = node is not None and node.untrusted_images != untrusted_images
-            if changed:
-                node.untrusted_images = untrusted_images
-        if changed:
-            self.reload_nodes()
+        self._note_placing(node_id, "untrusted_images", untrusted_images)
 
     def _note_jobs_as(self, node_id: str, jobs_as: str | None) -> None:
         """Keep who the node's jobs run as, as its agent says on connecting (None: unsaid, kept); shown only."""
@@ -565,13 +557,18 @@ class AgentHub:
     def _note_address(self, node_id: str, address: str | None) -> None:
         """Keep where other nodes reach the node, as its agent says on connecting (None: unsaid, kept); gangs placed
         from then on name it in MASTER_ADDR and their hostfile."""
-        if address is None:
+        self._note_placing(node_id, "address", address)
+
+    def _note_placing(self, node_id: str, column: str, value: bool | str | None) -> None:
+        """Keep a node's `column` (one the scheduler's cache reads) as its agent says it (None: unsaid, kept); the
+        cache is reloaded when it changed."""
+        if value is None:
             return
         with self.db.session() as session:
             node = session.get(Node, node_id)
-            changed = node is not None and node.address != address
+            changed = node is not None and getattr(node, column) != value
             if changed:
-                node.address = address
+                setattr(node, column, value)
         if changed:
             self.reload_nodes()
 

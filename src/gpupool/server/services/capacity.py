@@ -10,7 +10,7 @@ add capacity on demand. A pool with no node yet refuses nothing: there is nothin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -100,21 +100,22 @@ def _gpus(left: list[PoolKind], shape: TaskShape) -> Found:
 
 
 def _cpus(left: list[PoolKind], shape: TaskShape) -> Found:
-    kept = [p for p in left if p.kind.cpu_milli >= shape.cpu_milli]
-    if kept:
-        return kept
-    largest = max(left, key=lambda p: p.kind.cpu_milli)
-    return "cpus", (f"{shape.cpu_milli / 1000:g} CPUs per task, but the largest node that meets the rest, "
-                    f"{largest.name}, has {largest.kind.cpu_milli / 1000:g}")
+    return _at_least(left, "cpus", shape.cpu_milli, lambda k: k.cpu_milli, lambda milli: f"{milli / 1000:g} CPUs")
 
 
 def _memory(left: list[PoolKind], shape: TaskShape) -> Found:
-    kept = [p for p in left if p.kind.memory_mib >= shape.memory_mib]
+    return _at_least(left, "memory_mib", shape.memory_mib, lambda k: k.memory_mib, lambda mib: f"{mib} MiB of memory")
+
+
+def _at_least(left: list[PoolKind], field: str, asked: int, has: Callable[[NodeKind], int],
+              amount: Callable[[int], str]) -> Found:
+    """The kinds that have at least `asked` (as `has` reads a kind), or the field and why none has."""
+    kept = [p for p in left if has(p.kind) >= asked]
     if kept:
         return kept
-    largest = max(left, key=lambda p: p.kind.memory_mib)
-    return "memory_mib", (f"{shape.memory_mib} MiB of memory per task, but the largest node that meets the rest, "
-                          f"{largest.name}, has {largest.kind.memory_mib} MiB")
+    largest = max(left, key=lambda p: has(p.kind))
+    return field, (f"{amount(asked)} per task, but the largest node that meets the rest, {largest.name}, has "
+                   f"{amount(has(largest.kind))}")
 
 
 def _gpu_memory(left: list[PoolKind], shape: TaskShape) -> Found:
