@@ -117,3 +117,11 @@ def test_the_cli_refuses_what_can_never_fit_and_a_queue_can_hold_it(server):
     assert made.returncode == 0, made.stdout + made.stderr
     held = _cli(server, "submit", "--gpus", "8", "--queue", "ondemand", "--", "true")
     assert held.returncode == 0, held.stdout + held.stderr
+
+
+def test_an_image_job_waits_for_a_node_that_runs_images_rather_than_being_refused(server):
+    # whether a node runs images its agent says anew on every connection (a toolkit upgraded): not a capacity
+    _register(server, "big", 2)
+    with server.client() as c:
+        made = c.post("/jobs", json={"command": ["true"], "gpus": "1", "image": "docker.io/library/busybox:1.36"})
+        assert made.status_code == 201, made.text

@@ -5,13 +5,15 @@ The pool is every registered node that has not been reset (`REMOVED_STATES`): no
 cordoned or draining count, since they may come back; a node reset (or removed) does not. Its GPUs are those not
 retired. A job that no node could hold even with every node empty is refused with a 422 naming the field to change,
 the largest fit and the models present, unless its queue holds such jobs (`hold_unsatisfiable`) for operators who
-add capacity on demand. A pool with no node yet refuses nothing: there is nothing to judge by.
+add capacity on demand. A pool with no node yet refuses nothing: there is nothing to judge by. Whether a node runs
+jobs with an image is not judged here: its agent says it again on every connection (a toolkit upgraded), so such a
+job waits, and `why` says no node takes images yet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -56,12 +58,13 @@ def never_fits(kinds: Sequence[PoolKind], shape: TaskShape, tasks: int) -> tuple
     if not kinds:
         return None
     left = list(kinds)
-    for check in (_image, _models, _gpus, _cpus, _memory, _gpu_memory):
+    for check in (_models, _gpus, _cpus, _memory, _gpu_memory):
         found = check(left, shape)
         if isinstance(found, tuple):
             return found
         left = found
-    room = sum(copies_fit(p.kind, NodeState.empty(p.kind), shape) * p.count for p in left)
+    ignoring_images = replace(shape, has_image=False)
+    room = sum(copies_fit(p.kind, NodeState.empty(p.kind), ignoring_images) * p.count for p in left)
     if room < tasks:
         return "tasks", (f"{tasks} tasks must run at once, but even with every node empty the pool holds at most "
                          f"{room} of them; ask for at most {room} tasks, or less per task")
@@ -69,14 +72,6 @@ def never_fits(kinds: Sequence[PoolKind], shape: TaskShape, tasks: int) -> tuple
 
 
 Found = list[PoolKind] | tuple[str, str]
-
-
-def _image(left: list[PoolKind], shape: TaskShape) -> Found:
-    if not shape.has_image:
-        return left
-    kept = [p for p in left if p.kind.untrusted_images]
-    return kept or ("image", "no node of the pool runs jobs with an image (none has a container toolkit safe for "
-                             "any tenant's image); run the command without --image")
 
 
 def _models(left: list[PoolKind], shape: TaskShape) -> Found:
