@@ -11,10 +11,12 @@ HOSTFILE = "hostfile"
 
 
 def hold_free_port() -> socket.socket:
-    """A TCP socket bound to a free port on every interface, holding it until closed: the agent closes it just
-    before the task starts, so no other process takes the port between its choice and the task's own bind."""
+    """A TCP socket bound (not listening) to a free port on every interface, with SO_REUSEADDR: while it is open no
+    other process is given the port, yet the task may bind and listen on it (torch's store and Python's
+    `socket.create_server` set SO_REUSEADDR too). The agent closes it once the task has started."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("", 0))
     except OSError:
         sock.close()

@@ -266,14 +266,14 @@ class Workloads:
                 held = hold_free_port()
                 port = held.getsockname()[1]
                 spec = replace(spec, rendezvous=spec.rendezvous.model_copy(update={"master_port": port}))
-                held.close()  # the task binds it next
             handle = self._runtime.launch(spec)
         except Exception as exc:  # whatever the runtime raises is this order's failure, never the channel's
-            if held is not None:
-                held.close()
             reason = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
             self._fail(spec.key, f"cannot launch: {reason}")
             return
+        finally:
+            if held is not None:
+                held.close()  # held until the task has started
         port = spec.rendezvous.master_port if spec.rendezvous is not None and spec.rendezvous.rank == 0 else None
         self._items[spec.key] = Workload(handle=handle, tail=LogTailer(handle.log_path), rendezvous_port=port)
         self._put(self._status(spec.key, "started", rendezvous_port=port))
