@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.agent.orders import EpochRecord, OrderCheck, authenticate, check_order
-from gpupool.protocol.agent import GpuGrant, Launch, Stop
+from gpupool.protocol.agent import GangHost, GpuGrant, Launch, Rendezvous, Stop
 from gpupool.protocol.signing import OrderSigner, OrderVerifier, hash_matches, key_hash
 
 NOW = 1_000_000.0
@@ -161,6 +161,9 @@ CHANGES = {
     "expires_at": NOW + 121,
     "user": "mallory",  # a forged user name would run the job as another local account
     "max_disconnect_s": 86400.0,  # a forged one would keep the workload running past its node's loss
+    # a forged rendezvous would send a gang's tasks to meet someone else's address
+    "rendezvous": Rendezvous(world_size=2, rank=1, local_rank=0, local_world_size=1, master_addr="203.0.113.9",
+                             master_port=29500, hosts=[GangHost(address="203.0.113.9", slots=1)]),
     "node_id": "node-2",
 }
 

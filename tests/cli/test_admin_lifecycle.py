@@ -134,7 +134,7 @@ def _queue_changes(op: Cli, boss: Cli, alice: Cli, job: str) -> None:
     assert "guaranteed: gpus=1 -> gpus=2" in dry and "limit: gpus=1 -> gpus=2" in dry
     op.run("queue", "update", "vision", "--org", "acme", "--limit-gpus", "2", "--guaranteed-gpus", "2")
     assert "changed guaranteed: gpus=1 -> gpus=2" in boss.run("queue", "update", "sub", "--guaranteed-gpus", "2")
-    boss.run("queue", "create", "spare", "--parent", "vision", "--weight", "0")
+    boss.run("queue", "create", "spare", "--parent", "vision", "--weight", "0", "--hold-unsatisfiable")
     held = alice.json("submit", "--project", "lab", "--queue", "spare", "--gpus", "8", "--", "true")
     refused = boss.run("queue", "delete", "spare", status=1)
     assert "move_to: queue 'spare' holds 1 waiting jobs" in refused

@@ -137,5 +137,5 @@ def test_the_reservation_goes_to_the_overdue_job_whatever_its_priority(overdue_f
                        Framework.build(profile, default_registry()), clock=FixedClock(2000.0), rng=random.Random(0))
     other = ({"low", "high"} - {holder}).pop()
     reason = result.pending[holder]
-    assert reason.kind is PendingKind.BACKFILL_WINDOW and "from t=3000" in reason.message
+    assert reason.kind is PendingKind.BACKFILL_WINDOW and reason.at == 3000
     assert result.pending[other].kind is PendingKind.NO_NODE_FITS

@@ -46,6 +46,8 @@ API = "/api/v1"
 NOT_API = ("/healthz", "/readyz", "/version", "/metrics", "/openapi.json", "/docs", "/redoc")
 METHODS = {"get", "put", "post", "delete", "patch"}
 TENANT_ROLES = ("viewer", "member", "project-admin", "tenant-admin")
+#: the operator's queue for jobs that never fit (eight GPUs): it lets them wait instead of refusing them
+HELD_QUEUE = "held"
 # The node's agent speaks once and goes quiet: keep it from being declared lost; meter every second.
 SERVER_ENV = {"GPUPOOL_SUSPECT_AFTER_S": "3000", "GPUPOOL_LOST_AFTER_S": "3600", "GPUPOOL_METERING_INTERVAL_S": "1",
               "GPUPOOL_METERING_PERIOD_S": "1"}
@@ -179,7 +181,9 @@ def _tenant(op: httpx.Client, org: str) -> Tenant:
     t.ids.add(_ok(op.post("/orgs", json={"name": org}), 201)["id"])
     for project in (t.project, t.annex):
         t.ids.add(_ok(op.post("/projects", json={"name": project, "org": org}), 201)["id"])
-    _ok(op.post("/queues", json={"name": t.queue, "org": org, "approval_above_gpus": "1"}), 201)
+    # its jobs of eight GPUs never fit, and the queue lets them wait rather than refusing them (hold_unsatisfiable)
+    _ok(op.post("/queues", json={"name": t.queue, "org": org, "approval_above_gpus": "1", "hold_unsatisfiable": True}),
+        201)
     for role, name in t.users.items():
         body = {"name": name, "org": org, "role": "member" if role == "victim" else role, "projects": [t.project]}
         t.ids.add(_ok(op.post("/users", json=body), 201)["id"])
@@ -212,6 +216,7 @@ def _register(op: httpx.Client, name: str, gpus: int, tls: HandTls | None = None
 def _build(server: Server) -> World:
     w = World(server, Tenant("acme"), Tenant("globex"), "gpu-1", "spare-1", "")
     w.a, w.b = _tenant(w.operator, "acme"), _tenant(w.operator, "globex")
+    _ok(w.operator.post("/queues", json={"name": HELD_QUEUE, "org": "default", "hold_unsatisfiable": True}), 201)
     tls = HandTls()
     reply = _register(w.operator, w.node, gpus=2, tls=tls)
     w.agent, w.agent_tls = reply["credential"], tls.context(reply)
@@ -570,13 +575,13 @@ def _own_job(c: httpx.Client, column: str, w: World) -> str:
     """A job of the caller's own (roles that cannot submit get one of A's tenant admin's); the operator's is in its
     own organisation's queue (queue names are per organisation)."""
     if column == "operator":
-        return str(_ok(c.post("/jobs", json={"command": ["true"], "gpus": "8", "queue": "default"}), 201)["id"])
+        return str(_ok(c.post("/jobs", json={"command": ["true"], "gpus": "8", "queue": HELD_QUEUE}), 201)["id"])
     return w.held_job(c) if column in ("member", "project-admin", "tenant-admin") else w.held_job()
 
 
 def _queue_of(column: str) -> str:
     """The queue a role submits to: A's, or for the operator (of organisation "default") its own."""
-    return "default" if column == "operator" else "acme-q"
+    return HELD_QUEUE if column == "operator" else "acme-q"
 
 
 def _own_token(c: httpx.Client, column: str, w: World) -> str:

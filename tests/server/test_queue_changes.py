@@ -96,7 +96,7 @@ def test_a_deleted_queue_moves_its_waiting_jobs_and_refuses_without_a_destinatio
     op = server.client()
     _ok(op.put("/orgs/acme/ceiling", json={"over_quota_weight": 100}))
     for name in ("old", "new"):
-        _ok(admin.post("/queues", json={"name": name}), 201)
+        _ok(admin.post("/queues", json={"name": name, "hold_unsatisfiable": True}), 201)  # its 8-GPU job waits
     job = _ok(admin.post("/jobs", json={"command": ["true"], "gpus": "8", "queue": "old", "project": "lab"}), 201)
     _refused(admin.delete("/queues/old"), 409, "move_to: queue 'old' holds 1 waiting jobs")
     _refused(admin.delete("/queues/old", params={"move_to": "nowhere"}), 422, "move_to: queue 'nowhere' not found")
@@ -132,7 +132,7 @@ def test_an_id_prefix_finds_only_the_callers_jobs(server: Server) -> None:
     nothing; A's own prefix finds A's job."""
     a, b = _admin(server, "acme"), _admin(server, "globex")
     _ok(server.client().put("/orgs/globex/ceiling", json={"over_quota_weight": 100}))
-    _ok(b.post("/queues", json={"name": "mine", "over_quota_weight": 0}), 201)
+    _ok(b.post("/queues", json={"name": "mine", "over_quota_weight": 0, "hold_unsatisfiable": True}), 201)
     a_queue = next(q["name"] for q in _ok(a.get("/queues")) if q["org"] == "acme" and q["name"] == "new")
     theirs = _ok(a.post("/jobs", json={"command": ["true"], "gpus": "8", "queue": a_queue,
                                     "project": "lab"}), 201)["id"]

@@ -301,7 +301,9 @@ def _secret_world(server: Server) -> tuple[list[str], list[str], dict[str, str]]
     credential = httpx.post(f"{server.url}/api/v1/agent/register", json=reg).json()["credential"]
     values = {f"S{i}": secrets.token_urlsafe(24) for i in range(3)}
     mc = _as(server, member)
-    job = mc.post("/jobs", json={"command": ["true"], "gpus": "8", "secret_env": values})
+    # eight GPUs never fit (the node has none): a queue that lets such jobs wait keeps it pending, never run
+    assert op.post("/queues", json={"name": "held", "org": "default", "hold_unsatisfiable": True}).status_code == 201
+    job = mc.post("/jobs", json={"command": ["true"], "gpus": "8", "queue": "held", "secret_env": values})
     assert job.status_code == 201, job.text
     assert job.json()["secret_env"] == sorted(values)
     again = mc.post("/jobs", json={"command": ["true"], "secret_env": {"OTHER": values["S0"]}, "env": {"OTHER": "x"}})
@@ -367,7 +369,7 @@ def test_rotation_rewraps_every_data_key_while_the_control_plane_runs(launch: An
     _, _, values = _secret_world(server)
     assert op.post("/orgs", json={"name": "second"}).status_code == 201
     assert op.post("/projects", json={"name": "p2", "org": "second"}).status_code == 201
-    assert op.post("/queues", json={"name": "q2", "org": "second"}).status_code == 201
+    assert op.post("/queues", json={"name": "q2", "org": "second", "hold_unsatisfiable": True}).status_code == 201
     other = _as(server, _user_token(op, "second-admin", "tenant-admin", org="second"))
     assert other.post("/jobs", json={"command": ["true"], "gpus": "8", "project": "p2", "queue": "q2",
                                      "secret_env": {"X": "second-org-secret"}}).status_code == 201
@@ -381,7 +383,7 @@ def test_rotation_rewraps_every_data_key_while_the_control_plane_runs(launch: An
     assert _opened(db_url, key_path) == before and values in before.values()
     assert op.post("/orgs", json={"name": "third"}).status_code == 201  # a data key the running server makes now
     assert op.post("/projects", json={"name": "p3", "org": "third"}).status_code == 201
-    assert op.post("/queues", json={"name": "q3", "org": "third"}).status_code == 201
+    assert op.post("/queues", json={"name": "q3", "org": "third", "hold_unsatisfiable": True}).status_code == 201
     third = _as(server, _user_token(op, "third-admin", "tenant-admin", org="third"))
     assert third.post("/jobs", json={"command": ["true"], "gpus": "8", "project": "p3", "queue": "q3",
                                      "secret_env": {"Y": "third-org-secret"}}).status_code == 201

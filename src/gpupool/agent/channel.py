@@ -62,6 +62,7 @@ from gpupool.agent.timing import (
 from gpupool.agent.tls import Renewal
 from gpupool.agent.workloads import Workloads
 from gpupool.protocol.agent import (
+    ADDRESS,
     MAX_FRAME_BYTES,
     Ack,
     Certificate,
@@ -218,6 +219,14 @@ def server_message(response: httpx.Response) -> str:
     return json.dumps(body)[:500]
 
 
+def local_host(conn: object) -> str | None:
+    """The local IP address of a connection (websockets' `local_address`), None when it has none: the address of
+    the interface that reaches the control plane, which other nodes of the pool most likely reach too."""
+    address = getattr(conn, "local_address", None)
+    host = address[0] if isinstance(address, tuple) and address else None
+    return host if isinstance(host, str) and ADDRESS.fullmatch(host) else None
+
+
 class Connection(Protocol):
     """What the channel needs of a WebSocket connection (websockets' ClientConnection has it)."""
 
@@ -281,12 +290,16 @@ class ChannelConfig:
     order_key: str = ""  # the pinned control-plane key (base64); without one every order is refused
     untrusted_images: bool | None = None  # the container-toolkit verdict, said in every Hello (gpupool.agent.toolkit)
     jobs_as: JobsAs | None = None  # who process jobs run as, said in every Hello (gpupool.agent.runtime.identity)
+    #: where other nodes reach this one (gangs' MASTER_ADDR and hostfile); None: the local address of the channel
+    advertise_address: str | None = None
 
     def __post_init__(self) -> None:
         if min(self.heartbeat_s, self.fence_s, self.tick_s) <= 0 or self.kill_grace_s < 0:
             raise ValueError("heartbeat_s, fence_s and tick_s must be positive and kill_grace_s >= 0")
         if self.fence_s <= self.heartbeat_s:
             raise ValueError(f"fence_s ({self.fence_s}) must exceed heartbeat_s ({self.heartbeat_s})")
+        if self.advertise_address is not None and not ADDRESS.fullmatch(self.advertise_address):
+            raise ValueError("advertise address (GPUPOOL_ADVERTISE_ADDRESS): must be a host name or an IP address")
 
     @property
     def url(self) -> str:
@@ -438,6 +451,7 @@ class Channel:
         hello = Hello(
             boot_id=self._config.boot_id, seq=self.outbox.next_seq(), running=self.workloads.running_reports(),
             untrusted_images=self._config.untrusted_images, jobs_as=self._config.jobs_as,
+            address=self._config.advertise_address or local_host(conn),
         )
         await conn.send(hello.model_dump_json())
         self.connected = True

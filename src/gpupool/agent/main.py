@@ -394,6 +394,7 @@ async def _agent(
         order_key=identity.order_key,
         untrusted_images=toolkit.untrusted_images(podman_path(), toolkit.ctk_path(), discovery.list_devices()),
         jobs_as=jobs.identity.mode,
+        advertise_address=os.environ.get("GPUPOOL_ADVERTISE_ADDRESS") or None,
     )
     try:
         skew_s = float(os.environ.get("GPUPOOL_TEST_CLOCK_SKEW_S", "0"))  # tests of clock skew (RELIABILITY.md T4)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpupool.agent.clock import Clock
@@ -41,6 +41,7 @@ from gpupool.agent.orders import (
     unchecked_launch,
 )
 from gpupool.agent.outbox import Outbox, OutFrame
+from gpupool.agent.rendezvous import hold_free_port
 from gpupool.agent.runtime.base import LaunchError, LaunchSpec, RunHandle, WorkloadKey, WorkloadRuntime
 from gpupool.protocol.agent import Launch, LogChunk, RunningReport, Stop, TaskStatus
 from gpupool.protocol.signing import OrderVerifier
@@ -67,6 +68,8 @@ class Workload:
     final: TaskStatus | None = None
     final_acked: bool = False
     chunk_ends: dict[int, int] = field(default_factory=dict)
+    #: the MASTER_PORT this node chose for the gang whose task 0 this is (repeated with "started")
+    rendezvous_port: int | None = None
 
     @property
     def fenced(self) -> bool:
@@ -250,19 +253,30 @@ class Workloads:
                     _write_acked_offset(workload.handle, end)
 
     def _launch(self, order: Launch) -> None:
-        """Start a checked order; if anything stops it, answer "failed" with why (see the module docstring)."""
+        """Start a checked order; if anything stops it, answer "failed" with why (see the module docstring). Task 0
+        of a gang whose order leaves MASTER_PORT to this node gets a free port, held until the task starts and
+        reported with "started"."""
         spec = LaunchSpec.from_launch(order)
         log.info("launching %s", spec.key)
+        held = None
         try:
             self._epochs.observe(order.epoch)
             self._failpoints.hit("agent.launch")
+            if spec.rendezvous is not None and spec.rendezvous.master_port == 0:
+                held = hold_free_port()
+                port = held.getsockname()[1]
+                spec = replace(spec, rendezvous=spec.rendezvous.model_copy(update={"master_port": port}))
             handle = self._runtime.launch(spec)
         except Exception as exc:  # whatever the runtime raises is this order's failure, never the channel's
             reason = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
             self._fail(spec.key, f"cannot launch: {reason}")
             return
-        self._items[spec.key] = Workload(handle=handle, tail=LogTailer(handle.log_path))
-        self._put(self._status(spec.key, "started"))
+        finally:
+            if held is not None:
+                held.close()  # held until the task has started
+        port = spec.rendezvous.master_port if spec.rendezvous is not None and spec.rendezvous.rank == 0 else None
+        self._items[spec.key] = Workload(handle=handle, tail=LogTailer(handle.log_path), rendezvous_port=port)
+        self._put(self._status(spec.key, "started", rendezvous_port=port))
 
     def _refuse(self, key: WorkloadKey, reason: str) -> None:
         log.warning("refusing launch of %s: %s", key, reason)
@@ -280,7 +294,8 @@ class Workloads:
         """Re-send the latest status of `key`; for an unknown key, `unknown` (if given) with an explanation."""
         workload = self._items.get(key)
         if workload is not None:
-            self._put(workload.final if workload.final is not None else self._status(key, "started"))
+            self._put(workload.final if workload.final is not None
+                      else self._status(key, "started", rendezvous_port=workload.rendezvous_port))
         elif key in self._finished:
             self._put(self._finished[key])
         elif key in self._refused:
@@ -343,7 +358,8 @@ class Workloads:
         _remember(self._finished, key, status)
 
     def _status(
-        self, key: WorkloadKey, state: StatusState, exit_code: int | None = None, message: str = ""
+        self, key: WorkloadKey, state: StatusState, exit_code: int | None = None, message: str = "",
+        rendezvous_port: int | None = None,
     ) -> TaskStatus:
         return TaskStatus(
             boot_id=self._outbox.boot_id,
@@ -353,6 +369,7 @@ class Workloads:
             state=state,
             exit_code=exit_code,
             message=message,
+            rendezvous_port=rendezvous_port,
         )
 
     def _put(self, frame: TaskStatus | LogChunk) -> None:

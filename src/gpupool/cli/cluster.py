@@ -265,11 +265,15 @@ def queue_create(name: str, parent: str | None = typer.Option(None),
                  max_disconnect: int | None = typer.Option(None, min=1, help=(
                      "seconds its jobs keep running on a node cut off from every control plane (default: the "
                      "pool's max_disconnect_s; shorter moves them sooner off a node that died)")),
+                 hold_unsatisfiable: bool = typer.Option(False, "--hold-unsatisfiable", help=(
+                     "let jobs that no node of the pool could hold wait for capacity added on demand, instead of "
+                     "refusing them at submission")),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Create a queue (tenant admins: in their organisation, within its ceiling). The quota tree is checked: a child
     never guarantees more than its parent allows; a guarantee above the pool's capacity is warned about (or refused,
     by the setting quota_above_capacity)."""
     body: dict[str, object] = {"name": name, "parent": parent, "org": org, "over_quota_weight": weight,
+                               "hold_unsatisfiable": hold_unsatisfiable,
                                "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect,
                                "guaranteed": {"gpus": guaranteed_gpus} if guaranteed_gpus else {}}
     if limit_gpus:
@@ -301,6 +305,9 @@ def queue_update(name: str, org: str | None = typer.Option(None, help="the queue
                  weight: int | None = typer.Option(None, min=0), priority: int | None = None,
                  approval_above_gpus: str | None = None,
                  max_disconnect: int | None = typer.Option(None, min=1, help="seconds (see queue create)"),
+                 hold_unsatisfiable: bool | None = typer.Option(None, "--hold-unsatisfiable/--refuse-unsatisfiable",
+                                                                help="let jobs no node could hold wait, or refuse "
+                                                                     "them at submission (see queue create)"),
                  dry_run: bool = typer.Option(False, "--dry-run", help="say what would change, change nothing"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Change a queue's guarantee, limit, weight, priority or approval threshold. The quota tree is checked: a
@@ -310,7 +317,8 @@ def queue_update(name: str, org: str | None = typer.Option(None, help="the queue
     try:
         current = _queue(client, name, org)
         body: dict[str, Any] = {"over_quota_weight": weight, "priority": priority,
-                                "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect}
+                                "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect,
+                                "hold_unsatisfiable": hold_unsatisfiable}
         body = {k: v for k, v in body.items() if v is not None}
         given = {"gpus": guaranteed_gpus, "cpus": guaranteed_cpus}
         if any(v is not None for v in given.values()):

@@ -20,6 +20,7 @@ lifetime the agent sends `Renew` (a new CSR) over the live channel and gets `Cer
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -44,6 +45,11 @@ MAX_LAUNCH_ENV = 256  # a job's env (128) and secret_env (64), and what the cont
 #: who the node's process jobs run as (gpupool.agent.runtime.identity): a transient uid per job, the submitting
 #: user's local account, the agent's own (non-root) user, or root; "unknown" for an agent that does not say
 JobsAs = Literal["dynamic-uid", "local-user", "agent-user", "root", "unknown"]
+#: a host name or an IP address other nodes may reach (`ADDRESS.fullmatch` says whether a string is one)
+ADDRESS = re.compile(r"[A-Za-z0-9._:-]{1,253}")
+Address = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9._:-]+$")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+MAX_GANG = 256
 
 
 class _Frame(BaseModel):
@@ -98,6 +104,10 @@ class Hello(_Frame):
                                                                     "this boot (as in Registration); None: unsaid")
     jobs_as: JobsAs | None = Field(default=None, description="who the node's process jobs run as, this boot (as in "
                                                              "Registration); None: unsaid")
+    address: Address | None = Field(default=None, description=(
+        "where other nodes reach this one (`gpupool agent --advertise-address`, else the local address of this "
+        "channel): the MASTER_ADDR of gangs whose task 0 runs here, and this node's line in their hostfile; None: "
+        "unsaid (the control plane then uses the node's name)"))
 
 
 class Heartbeat(_Frame):
@@ -117,6 +127,9 @@ class TaskStatus(_Frame):
     state: Literal["started", "exited", "failed", "fenced", "refused"]
     exit_code: ExitCode | None = None
     message: str = Field(default="", max_length=2000)
+    rendezvous_port: Port | None = Field(default=None, description=(
+        "with \"started\" for task 0 of a gang: the port its agent picked and held for MASTER_PORT until the task "
+        "started; the control plane then launches the other tasks with it"))
 
 
 class LogChunk(_Frame):
@@ -149,6 +162,31 @@ class GpuGrant(_Frame):
     memory_mib: int = Field(ge=0)
 
 
+class GangHost(_Frame):
+    """One line of a gang's hostfile: a node's address and how many of the gang's tasks it runs."""
+
+    address: Address
+    slots: int = Field(ge=1, le=MAX_GANG)
+
+
+class Rendezvous(_Frame):
+    """What one task of a gang (a job of several tasks) needs to meet the others, as torchrun, NCCL and MPI read it.
+
+    The agent sets WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from it, and writes
+    `hosts` as the hostfile named by GPUPOOL_HOSTFILE ("ADDRESS slots=N" per node, task 0's node first). Task 0's order
+    carries `master_port` 0: its agent picks a free port, holds it until the task starts, and reports it in the task's
+    "started" status (`TaskStatus.rendezvous_port`); the other tasks' orders are sent only then, carrying it. A re-sent
+    order of task 0 carries the port reported, which its agent then keeps."""
+
+    world_size: int = Field(ge=1, le=MAX_GANG)
+    rank: int = Field(ge=0, lt=MAX_GANG)
+    local_rank: int = Field(ge=0, lt=MAX_GANG)
+    local_world_size: int = Field(ge=1, le=MAX_GANG)
+    master_addr: Address
+    master_port: int = Field(default=0, ge=0, le=65535)
+    hosts: list[GangHost] = Field(min_length=1, max_length=MAX_GANG)
+
+
 class Launch(_Frame):
     """An order to start one attempt of one task. Its strings follow gpupool.protocol.launch as the API's do (a NUL,
     a lone surrogate, an overlong value, a bad variable name or a relative workdir is a ValidationError), so an agent
@@ -170,6 +208,8 @@ class Launch(_Frame):
     user: str = ""  # the submitting user's name: the local account of a node that runs jobs as local users
     #: how long the workload keeps running while the agent hears from no control plane (None: the node's fence_s)
     max_disconnect_s: float | None = Field(default=None, gt=0)
+    #: for a task of a gang: how it meets the others (None: a job of one task)
+    rendezvous: Rendezvous | None = None
     node_id: str = ""  # the node this order is for (set when sealed)
     signature: str = ""  # base64 Ed25519 over signing.canonical(order)
 

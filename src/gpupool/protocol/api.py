@@ -205,6 +205,9 @@ class QueueCreate(_Request):
     max_disconnect_s: int | None = Field(default=None, ge=1, le=7 * 86400, description=(
         "its jobs' max_disconnect unless a job names its own (never above the pool's): how long their tasks keep "
         "running on a node that hears from no control plane"))
+    hold_unsatisfiable: bool = Field(default=False, description=(
+        "let its jobs that no node of the pool could hold, even empty, wait (for capacity added on demand) instead "
+        "of refusing them at submission"))
 
     @field_validator("approval_above_gpus")
     @classmethod
@@ -223,6 +226,7 @@ class QueueOut(_Response):
     over_quota_weight: int
     priority: int
     max_disconnect_s: int | None = None
+    hold_unsatisfiable: bool = False
     used_gpus: float = 0
     fair_share_gpus: float = 0
     pending_jobs: int = 0
@@ -246,6 +250,7 @@ class QueueUpdate(_Request):
     priority: int | None = Field(default=None, ge=-1000, le=1000)
     approval_above_gpus: str | None = None
     max_disconnect_s: int | None = Field(default=None, ge=1, le=7 * 86400)
+    hold_unsatisfiable: bool | None = None
 
     @field_validator("approval_above_gpus")
     @classmethod
@@ -404,8 +409,11 @@ class JobCreate(_Request):
 
 class PendingReasonOut(_Response):
     kind: str
-    message: str
+    message: str = Field(description="in the scheduler's words; a time in it is ISO 8601 UTC followed by how far "
+                                     "from now it is (\"2026-12-06T10:00:00Z, in 3 min\")")
     details: list[dict[str, Any]] = Field(default_factory=list)
+    at: UtcTime | None = Field(default=None, description="the time the message names (a reservation's start)")
+    holder: str | None = Field(default=None, description="the job or queue that holds what the job needs")
 
 
 class AllocationOut(_Response):

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -64,6 +65,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gpupool.core.metrics import cluster_figures
 from gpupool.protocol.agent import (
+    ADDRESS,
     MAX_FRAME_BYTES,
     Ack,
     AgentFrame,
@@ -88,6 +90,7 @@ from gpupool.server.db.engine import Database, unreachable
 from gpupool.server.db.models import AgentCertificate, Allocation, ClusterSample, Gpu, Job, JoinToken, Node, Token
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, node_spec, nodes_with_gpus
 from gpupool.server.joblogs import JobLogs
+from gpupool.server.scheduler import gang
 from gpupool.server.scheduler.binder import Binder
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry
 from gpupool.server.scheduler.lease import Fenced, SchedulerLease
@@ -136,6 +139,7 @@ class AgentHub:
         self.last_seen: dict[str, float] = {}  # node -> monotonic time of its latest fresh frame
         self.last_sent: dict[str, float] = {}  # node -> monotonic time a frame last left for it
         self.seqs: dict[str, tuple[str, int]] = {}
+        self._reload_lock = threading.Lock()
         self.retired_boots: dict[str, list[str]] = {}  # per node, the last RETIRED_BOOTS boots a Hello replaced
         self.signer = order_keys.load_or_create(settings.order_key_path)
         self.ca = AgentCA.load_or_create(settings.data_dir)
@@ -174,12 +178,13 @@ class AgentHub:
 
     # registration ----------------------------------------------------------------------------
 
-    def register(self, reg: Registration) -> RegistrationReply:
+    def register(self, reg: Registration, peer: str | None = None) -> RegistrationReply:
         """Burn a join token and record a new node (or take the name of a reset one); the reply's credential is the
         node's API token, and with a CSR the reply carries the node's channel certificate. Refused, burning nothing:
         401 for a bad token, 409 naming `name` for a name taken (not reset), 409 naming `gpus[i].uuid` for a GPU of
         another node, 422 naming `gpus[i].index` / `gpus[i].uuid` for one repeated within the registration, 400 for
-        a malformed CSR."""
+        a malformed CSR. `peer` is the address the registration came from: where other nodes reach the node until its
+        agent says otherwise (`Hello.address`)."""
         _check_unique_gpus(reg.gpus)
         self.require_leader()
         prefix, _, secret = reg.join_token.partition(".")
@@ -193,6 +198,7 @@ class AgentHub:
                 raise HTTPException(401, "join token already used or expired")
             row.used_at = now
             node = self._join(session, reg)
+            node.address = peer if peer and ADDRESS.fullmatch(peer) else None
             token_prefix, credential = new_token()
             session.add(Token(prefix=token_prefix, secret_hash=hash_secret(credential), name=f"node {reg.name}",
                               node_id=node.id))
@@ -285,12 +291,14 @@ class AgentHub:
             asyncio.run_coroutine_threadsafe(ws.close(4403, reason[:120]), self.loop)
 
     def reload_nodes(self) -> None:
-        """Rebuild the cache's node set from the database (after a join or a GPU change)."""
-        with self.db.session() as session:
-            rows = nodes_with_gpus(session)
-            entries = [NodeEntry(n.id, node_spec(n, g), [x.id for x in sorted(g, key=lambda x: x.index)],
-                                 n.state == "ready" and not n.cordoned) for n, g in rows]
-        self.cache.set_nodes(entries)
+        """Rebuild the cache's node set from the database (after a join, a GPU change, a node's new address). One
+        reload at a time: a reload that read the rows before another's commit must not set its older rows last."""
+        with self._reload_lock:
+            with self.db.session() as session:
+                rows = nodes_with_gpus(session)
+                entries = [NodeEntry(n.id, node_spec(n, g), [x.id for x in sorted(g, key=lambda x: x.index)],
+                                     n.state == "ready" and not n.cordoned, n.address or n.name) for n, g in rows]
+            self.cache.set_nodes(entries)
 
     # the channel -----------------------------------------------------------------------------
 
@@ -488,6 +496,7 @@ class AgentHub:
         if isinstance(frame, Hello):
             self._vouch(node_id, frame.untrusted_images)
             self._note_jobs_as(node_id, frame.jobs_as)
+            self._note_address(node_id, frame.address)
             self._reconcile(node_id, frame)
         elif isinstance(frame, TaskStatus):
             assert self.lifecycle is not None
@@ -495,6 +504,8 @@ class AgentHub:
             if stale is not None:  # changes nothing (I9); the agent drops it like an acked frame
                 log.info("node %s reported %s for a closed attempt: rejected (409): %s", node_id, frame.state, stale)
                 return Rejected(seq=frame.seq, code=409, reason=stale)
+            if frame.state == "started" and frame.rendezvous_port is not None:
+                self._rendezvous_ready(frame)
         elif isinstance(frame, LogChunk):
             self._append_log(frame)
         else:
@@ -537,15 +548,7 @@ class AgentHub:
     def _vouch(self, node_id: str, untrusted_images: bool | None) -> None:
         """Keep the node's container-toolkit verdict as its agent says it on connecting (None: unsaid, kept); the
         scheduler sees a change at once. Running jobs stay where they are."""
-        if untrusted_images is None:
-            return
-        with self.db.session() as session:
-            node = session.get(Node, node_id)
-            changed = node is not None and node.untrusted_images != untrusted_images
-            if changed:
-                node.untrusted_images = untrusted_images
-        if changed:
-            self.reload_nodes()
+        self._note_placing(node_id, "untrusted_images", untrusted_images)
 
     def _note_jobs_as(self, node_id: str, jobs_as: str | None) -> None:
         """Keep who the node's jobs run as, as its agent says on connecting (None: unsaid, kept); shown only."""
@@ -554,6 +557,37 @@ class AgentHub:
                 node = session.get(Node, node_id)
                 if node is not None:
                     node.jobs_as = jobs_as
+
+    def _note_address(self, node_id: str, address: str | None) -> None:
+        """Keep where other nodes reach the node, as its agent says on connecting (None: unsaid, kept); gangs placed
+        from then on name it in MASTER_ADDR and their hostfile."""
+        self._note_placing(node_id, "address", address)
+
+    def _note_placing(self, node_id: str, column: str, value: bool | str | None) -> None:
+        """Keep a node's `column` (one the scheduler's cache reads) as its agent says it (None: unsaid, kept); the
+        cache is reloaded when it changed."""
+        if value is None:
+            return
+        with self.db.session() as session:
+            node = session.get(Node, node_id)
+            changed = node is not None and getattr(node, column) != value
+            if changed:
+                setattr(node, column, value)
+        if changed:
+            self.reload_nodes()
+
+    def _rendezvous_ready(self, status: TaskStatus) -> None:
+        """Task 0 of a gang started with the MASTER_PORT its agent chose: record it, and launch the gang's other tasks
+        with it (once: a repeated report finds the port recorded; a task whose node was away gets its order when
+        the node reconnects, from `_reconcile`)."""
+        assert self.binder is not None
+        current = self.lease.epoch if self.lease is not None else 0
+        with self.db.session() as session:
+            siblings = gang.record_port(session, status.allocation_id, status.attempt, status.rendezvous_port)
+        for allocation in siblings:
+            order = self.binder.launch(allocation, max(allocation.leader_epoch, current), time.time())
+            if order is not None:
+                self.send(allocation.node_id, order)
 
     def _reconcile(self, node_id: str, hello: Hello) -> None:
         """After a (re)connect: resend launches the agent never got, stop work it should not run.
@@ -575,7 +609,9 @@ class AgentHub:
         for allocation in open_rows:
             if allocation.state == "starting" and (allocation.id, allocation.attempt) not in reported:
                 epoch = max(allocation.leader_epoch, current)
-                self.send(node_id, self.binder.launch(allocation, epoch, time.time()))
+                order = self.binder.launch(allocation, epoch, time.time())
+                if order is not None:  # None: a gang's task waiting for task 0's port
+                    self.send(node_id, order)
             if allocation.state == "stopping":
                 self.send(node_id, Stop(allocation_id=allocation.id, attempt=allocation.attempt,
                                         grace_s=self.settings.kill_grace_s, reason=allocation.release_reason))

@@ -314,7 +314,7 @@ def _system_routes(app: FastAPI, metrics: Metrics) -> None:
 def _agent_routes(app: FastAPI, hub: AgentHub) -> None:
     @app.post("/api/v1/agent/register", response_model=RegistrationReply, tags=["agents"])
     async def register(body: Registration, request: Request) -> RegistrationReply:
-        reply = await asyncio.to_thread(hub.register, body)
+        reply = await asyncio.to_thread(hub.register, body, request.client.host if request.client else None)
         # the join token verified (and is spent): the audit row may name it; a refused registration is anonymous
         guard.note(request.state, actor_kind="join", actor=guard.join_token_id(body.join_token))
         request.app.state.scheduler.wake()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gpupool.protocol.agent import GpuGrant, Launch
+from gpupool.protocol.agent import GpuGrant, Launch, Rendezvous
 
 WorkloadKey = tuple[str, int]
 
@@ -43,6 +43,8 @@ class LaunchSpec:
     task_index: int = 0
     user: str = ""
     max_disconnect_s: float | None = None
+    #: a gang task's rendezvous (its MASTER_PORT chosen: see gpupool.agent.rendezvous), None for a job of one task
+    rendezvous: Rendezvous | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -66,6 +68,7 @@ class LaunchSpec:
             task_index=order.task_index,
             user=order.user,
             max_disconnect_s=order.max_disconnect_s,
+            rendezvous=order.rendezvous,
         )
 
     @property

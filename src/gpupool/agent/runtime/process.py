@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpupool.agent.clock import Clock, MonotonicClock, WallClock
+from gpupool.agent.rendezvous import HOSTFILE, hostfile_text, rendezvous_env
 from gpupool.agent.runtime import uids
 from gpupool.agent.runtime._wrapper import FENCED_FILE
 from gpupool.agent.runtime.base import (
@@ -109,6 +110,7 @@ def gpupool_env(spec: LaunchSpec, gpus: Sequence[GpuGrant]) -> dict[str, str]:
         "GPUPOOL_JOB_ID": spec.job_id,
         "GPUPOOL_TASK_INDEX": str(spec.task_index),
         **gpu_env(gpus),
+        **(rendezvous_env(spec.rendezvous) if spec.rendezvous is not None else {}),
     }
 
 
@@ -298,6 +300,8 @@ class ProcessRuntime(WorkloadRuntime):
             user = identity.user_for(spec, state_dir)
             make_work_dir(work_dir, user)
             env = workload_env(spec, gpus, self._base_env, user.env(work_dir))
+            if spec.rendezvous is not None:
+                env["GPUPOOL_HOSTFILE"] = str(write_hostfile(work_dir, user, hostfile_text(spec.rendezvous)))
             child = self._spawn(argv, env, spec.workdir or str(work_dir), state_dir, user, no_new_privs,
                                 spec.max_disconnect_s)
         except LaunchError:
@@ -421,6 +425,16 @@ def make_work_dir(path: Path, user: JobUser) -> None:
     path.chmod(0o700)
     if user.uid is not None:
         os.chown(path, user.uid, user.gid if user.gid is not None else -1)
+
+
+def write_hostfile(work_dir: Path, user: JobUser, text: str) -> Path:
+    """The gang's hostfile in the task's work folder, readable by the task's user only."""
+    path = work_dir / HOSTFILE
+    path.write_text(text)
+    path.chmod(0o600)
+    if user.uid is not None:
+        os.chown(path, user.uid, user.gid if user.gid is not None else -1)
+    return path
 
 
 def discard(state_dir: Path, work_dir: Path, user: JobUser) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpupool.core.actions.reservations import ReservationPlan
-from gpupool.core.diagnostics import PendingKind, PendingReason, no_node_fits
+from gpupool.core.diagnostics import PendingKind, PendingReason, iso_utc, no_node_fits
 from gpupool.core.framework import Action, Reservation
 from gpupool.core.model import JobSpec, TaskShape
 from gpupool.core.statement import Statement
@@ -81,7 +81,7 @@ class AllocateAction(Action):
                         continue
                     reservation = plan.reserve(job)
                     if reservation is not None:
-                        cycle.block(job, _waiting_for(reservation, cycle.now))
+                        cycle.block(job, _waiting_for(reservation))
                         continue
                 stuck[job.id] = (job, reason)
                 continue
@@ -112,8 +112,9 @@ def _reserved_for(blockers: list[Reservation], told: Told) -> PendingReason:
     holder = min(blockers, key=lambda r: r.start)
     reason = told.get(holder.job_id)
     if reason is None:
-        reason = told[holder.job_id] = PendingReason(PendingKind.RESERVED_FOR, f"nodes it fits on are reserved for "
-                                                     f"job {holder.job_id} from t={holder.start:.0f}")
+        reason = told[holder.job_id] = PendingReason(
+            PendingKind.RESERVED_FOR, f"the nodes it fits on are reserved for job {holder.job_id} from "
+                                      f"{iso_utc(holder.start)}", at=holder.start, holder=holder.job_id)
     return reason
 
 
@@ -132,10 +133,12 @@ def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
         return _place_tasks(cycle, job, stmt, failed, frozenset()) is None
 
 
-def _waiting_for(reservation: Reservation, now: float) -> PendingReason:
-    return PendingReason(PendingKind.BACKFILL_WINDOW,
-                         f"holds a reservation on {len(reservation.nodes)} node(s) from "
-                         f"t={reservation.start:.0f} ({reservation.start - now:.0f} s from now)")
+def _waiting_for(reservation: Reservation) -> PendingReason:
+    """A job that holds a reservation: from when (a guess that may move later, unless its start is firm)."""
+    guess = "" if reservation.firm else (" (a guess: it waits for tasks of unknown length or past their estimate, "
+                                         "so it holds nothing against jobs that fit now)")
+    return PendingReason(PendingKind.BACKFILL_WINDOW, f"holds a reservation on {len(reservation.nodes)} node(s) from "
+                                                      f"{iso_utc(reservation.start)}{guess}", at=reservation.start)
 
 
 def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,

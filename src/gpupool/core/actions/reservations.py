@@ -78,7 +78,7 @@ class ReservationPlan:
         node is fenced off, which only evicting actions do), so that each fence's nodes are gathered, and hashed as
         part of `failed` keys, once."""
         now, estimate, reservations = self.cycle.now, job.estimate_s, self.reservations
-        key = tuple(k for k, r in enumerate(reservations) if r.job_id != job.id and r.blocks(now, estimate))
+        key = tuple(k for k, r in enumerate(reservations) if r.job_id != job.id and r.blocks_fitting(now, estimate))
         found = self._fences.get(key)
         if found is None:
             states = self.cycle.workspace.table.states
@@ -112,13 +112,14 @@ class ReservationPlan:
         copies = _copies(table, relevant, shape)
         total = sum(copies)
         releases = self._releases(relevant)
-        upcoming, at = next(releases, None), now
+        upcoming, at, firm = next(releases, None), now, True
         while True:
             released: dict[int, list[tuple[TaskShape, tuple[DeviceShare, ...]]]] = {}
             while upcoming is not None and upcoming[0] <= at:
                 task = ws.running(upcoming[1])
                 if task is not None:
                     released.setdefault(upcoming[2], []).append((task.shape, task.shares))
+                    firm = firm and _ends_as_expected(task, now)
                 upcoming = next(releases, None)
             for i, tasks in released.items():  # once per node and time step: many tasks may end at once
                 states[i] = without(states[i], tasks)
@@ -128,7 +129,7 @@ class ReservationPlan:
             if total >= job.min_tasks:
                 nodes = self._fit(job, states, copies, self._held(at, at + estimate))
                 if nodes is not None:
-                    reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate)
+                    reservation = Reservation(job.id, job.queue, frozenset(nodes), at, at + estimate, firm)
                     self.reservations.append(reservation)
                     return reservation
             if upcoming is None or upcoming[0] - now > self.window_s:
@@ -234,6 +235,12 @@ def planned_end(task: RunningTask, now: float) -> float:
     if task.expected_end is not None:
         return task.expected_end
     return now + max(MIN_UNKNOWN_REMAINING_S, now - task.started_at)
+
+
+def _ends_as_expected(task: RunningTask, now: float) -> bool:
+    """Whether `task`'s planned end is an expected end still ahead (not a guess that moves with its age, nor an
+    estimate it has already outrun)."""
+    return task.expected_end is not None and task.expected_end > now
 
 
 def _first_fit(kinds: tuple[NodeKind, ...], states: list[NodeState], candidates: Sequence[int],

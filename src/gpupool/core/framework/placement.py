@@ -179,19 +179,17 @@ class Placer:
     def explain(self, table: NodeTable, shape: TaskShape,
                 excluded: frozenset[int] = frozenset()) -> list[tuple[str, int]]:
         """Why nodes reject `shape`: (reason, node count) pairs, most common first, then by reason (kept until the
-        table changes: many pending jobs of one shape ask in a row). Nodes in `excluded` count as reserved."""
+        table changes: many pending jobs of one shape ask in a row). Nodes in `excluded` that could take the shape
+        count as reserved; one that could not keeps its own reason, the one that holds with or without reservations
+        (an 8-GPU task is told its node has too few GPUs, not that the node is reserved)."""
         entry = self._resolved(table, shape, self._current(table, shape))
         if entry.explained_at != table.seq:
             entry.explained, entry.explained_at = _reasons(entry.scores, self._reasons), table.seq
-        if not excluded:
+        reserved = sum(1 for i in excluded if int(entry.scores[i]) >= FEASIBLE_MIN)
+        if not reserved:
             return list(entry.explained)
         counts = dict(entry.explained)
-        for i in excluded:  # an excluded node counts as reserved instead of for its own reason, if it had one
-            score = int(entry.scores[i])
-            if score < FEASIBLE_MIN:
-                reason = self._reasons[score - INFEASIBLE]
-                counts[reason] -= 1
-        counts[RESERVED] = counts.get(RESERVED, 0) + len(excluded)
+        counts[RESERVED] = counts.get(RESERVED, 0) + reserved
         return sorted(((r, n) for r, n in counts.items() if n), key=lambda kv: (-kv[1], kv[0]))
 
 

@@ -41,17 +41,29 @@ class Plugins:
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """Whole nodes held for a blocked job from `start` to `end` (made by the allocate action; evicting actions keep
-    off them too)."""
+    off them too).
+
+    `firm`: the start rests only on expected ends still ahead. A start that rests on a guess (a task of unknown
+    length, planned to run as long again as it has run, or one past its estimate) moves later every cycle while that
+    task runs on, so such a reservation holds no node against work that fits now (allocate); evicting actions still
+    keep off it, so no work is thrown away for a start nobody can promise.
+    """
 
     job_id: str
     queue: str
     nodes: frozenset[int]
     start: float
     end: float
+    firm: bool = True
 
     def blocks(self, now: float, estimate_s: float | None) -> bool:
         """Whether a job starting now with this estimate must keep off the reserved nodes."""
         return estimate_s is None or now + estimate_s > self.start
+
+    def blocks_fitting(self, now: float, estimate_s: float | None) -> bool:
+        """Whether a job that fits on free resources now must keep off the reserved nodes (only a firm start holds
+        them against it)."""
+        return self.firm and self.blocks(now, estimate_s)
 
 
 def cluster_capacity(snapshot: ClusterSnapshot) -> ResourceVector:

@@ -124,6 +124,8 @@ class QueueRow(Base):
     reclaim_min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
     idle_reclaim_s: Mapped[float | None] = mapped_column(Float)
     max_disconnect_s: Mapped[int | None] = mapped_column()  # its jobs' unless they name their own
+    #: jobs no node of the pool could hold wait (for capacity added on demand) instead of being refused
+    hold_unsatisfiable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -185,6 +187,8 @@ class Node(Base):
     drain_since: Mapped[datetime | None] = mapped_column()
     drain_deadline: Mapped[datetime | None] = mapped_column()
     remove_when_drained: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: where other nodes reach it, as its agent says (gangs' MASTER_ADDR and hostfile); None: unsaid (its name)
+    address: Mapped[str | None] = mapped_column(String(253))
 
 
 class AgentCertificate(Base):
@@ -236,6 +240,8 @@ class Allocation(Base):
     release_reason: Mapped[str] = mapped_column(String(32), default="")
     #: the ledger holds this allocation's usage up to here (metering is idempotent per period)
     metered_until: Mapped[datetime | None] = mapped_column()
+    #: task 0 of a gang: the MASTER_PORT its agent chose and reported; the other tasks are launched with it
+    rendezvous_port: Mapped[int | None] = mapped_column()
 
 
 class AllocationSlot(Base):

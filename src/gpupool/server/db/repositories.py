@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -89,8 +90,14 @@ def job_spec(row: Job, queue: str, shapes: dict[TaskShape, TaskShape] | None = N
     tasks = tuple(TaskSpec(f"{row.id}/{i}", shape) for i in range(int(row.spec["tasks"])))
     limit = row.spec.get("runtime_limit_s")
     return JobSpec(row.id, tasks, queue=queue, min_tasks=int(row.spec.get("min_tasks") or len(tasks)),
-                   priority=row.priority, submitted_at=float(row.seq), preemptible=row.preemptible,
+                   priority=row.priority, submitted_at=epoch_s(row.submitted_at), preemptible=row.preemptible,
                    runtime_limit_s=float(limit) if limit else None, user=row.user_id)
+
+
+def epoch_s(at: datetime) -> float:
+    """Seconds since the epoch of a stored time (SQLite hands back naive datetimes of UTC times). The core plans in
+    these seconds: a job's submission time is how long it has waited (reservations, overdue order), not its number."""
+    return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp()
 
 
 def node_spec(node: Node, gpus: Sequence[Gpu]) -> NodeSpec:

@@ -217,7 +217,7 @@ def why_pending(job_id: str, who: Caller, db: Db) -> api.PendingReasonOut | None
         return api.PendingReasonOut(kind="not_pending", message=f"the job is {job.state}")
     if not job.reason:
         return api.PendingReasonOut(kind="queued", message="not considered by a scheduling cycle yet")
-    return api.PendingReasonOut(**job.reason)
+    return jobs.reason_out(job.reason)
 
 
 @router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse, tags=["jobs"])

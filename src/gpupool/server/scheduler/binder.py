@@ -32,11 +32,12 @@ from sqlalchemy.orm import Session
 
 from gpupool.core import Bind, Decision, Evict, JobSpec
 from gpupool.core.decisions import Move
-from gpupool.protocol.agent import GpuGrant, Launch, Stop
+from gpupool.protocol.agent import GpuGrant, Launch, Rendezvous, Stop
 from gpupool.server.db.engine import Database
 from gpupool.server.db.models import Allocation, AllocationSlot, Job, JobEvent, User, new_id, utcnow
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
+from gpupool.server.scheduler import gang
 from gpupool.server.scheduler.cache import ClusterCache, NodeEntry, running_task
 from gpupool.server.scheduler.lease import Fenced
 
@@ -165,25 +166,42 @@ class Binder:
             self.cache.assume(p.allocation.id, task, p.slots)
         for node_id, stop in stops:
             self.orders.send(node_id, stop)
+        gangs: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for p in planned:
+            gangs[p.job.id].append((p.allocation.task_index, p.allocation.node_id))
+        for p in planned:
+            members = gangs[p.job.id]
+            if len(members) > 1 and p.allocation.task_index != 0:
+                continue  # launched once task 0's agent has chosen MASTER_PORT (gang.record_port)
             if p.spec.get("secret_env"):
                 order = self.launch(p.allocation, epoch, now)  # reads and opens the sealed values
             else:
+                together = gang.rendezvous(members, self._addresses(), p.allocation.task_index, 0)
                 order = self._order(p.allocation, self.cache.nodes[p.bind.node], p.spec, {}, epoch, now,
-                                    self._user_name(p.job.user))
-            self.orders.send(p.allocation.node_id, order)
+                                    self._user_name(p.job.user), together)
+            if order is not None:
+                self.orders.send(p.allocation.node_id, order)
 
-    def launch(self, allocation: Allocation, epoch: int, now: float) -> Launch:
-        """The launch order for an allocation (also re-sent when an agent reconnects), addressed to its node. It is
-        signed as it leaves (AgentHub.send), so whatever is added to it here (env included) is covered."""
+    def launch(self, allocation: Allocation, epoch: int, now: float) -> Launch | None:
+        """The launch order for an allocation (also re-sent when an agent reconnects), addressed to its node; None for
+        a task of a gang other than task 0 while task 0's agent has not reported MASTER_PORT. It is signed as it
+        leaves (AgentHub.send), so whatever is added to it here (env included) is covered."""
         with self.db.session() as session:
             job = session.get(Job, allocation.job_id)
             assert job is not None
             spec = job.spec
             secret = self.keyring.open_job(session, job) if self.keyring and spec.get("secret_env") else {}
             user_id = job.user_id
+            members, port = gang.members(session, allocation)
+        if len(members) > 1 and allocation.task_index != 0 and port is None:
+            return None
+        together = gang.rendezvous(members, self._addresses(), allocation.task_index, port or 0)
         entry = next(e for e in self.cache.nodes.values() if e.node_id == allocation.node_id)
-        return self._order(allocation, entry, spec, secret, epoch, now, self._user_name(user_id))
+        return self._order(allocation, entry, spec, secret, epoch, now, self._user_name(user_id), together)
+
+    def _addresses(self) -> dict[str, str]:
+        """Node id -> where other nodes reach it (its agent's word, else its name)."""
+        return {e.node_id: e.address or e.spec.name for e in self.cache.nodes.values()}
 
     def _user_name(self, user_id: str) -> str:
         """The name of user `user_id` ("" if there is none), which a node running jobs as local users needs."""
@@ -193,14 +211,14 @@ class Binder:
         return self._user_names[user_id]
 
     def _order(self, allocation: Allocation, entry: NodeEntry, spec: dict[str, Any], secret: dict[str, str],
-               epoch: int, now: float, user: str) -> Launch:
+               epoch: int, now: float, user: str, rendezvous: Rendezvous | None = None) -> Launch:
         grants = [GpuGrant(uuid=entry.spec.gpus[i].uuid, index=i, milli=m, memory_mib=mem)
                   for i, m, mem in allocation.shares]
         env = {**spec.get("env", {}), **secret, "GPUPOOL_TASK_INDEX": str(allocation.task_index)}
         fields = dict(allocation_id=allocation.id, attempt=allocation.attempt, job_id=allocation.job_id,
                       task_index=allocation.task_index, command=spec["command"], env=env,
                       workdir=spec.get("workdir"), image=spec.get("image"), gpus=grants, epoch=epoch,
-                      expires_at=now + self.launch_ttl_s, user=user, node_id=allocation.node_id,
+                      expires_at=now + self.launch_ttl_s, user=user, node_id=allocation.node_id, rendezvous=rendezvous,
                       max_disconnect_s=self.disconnect_limit(spec.get("max_disconnect_s"))
                       if self.disconnect_limit is not None else None)
         try:

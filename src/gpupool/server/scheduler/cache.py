@@ -29,6 +29,7 @@ class NodeEntry:
     spec: NodeSpec
     gpu_ids: list[str]
     schedulable: bool = True
+    address: str = ""  # where other nodes reach it (gangs' MASTER_ADDR and hostfile)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def create_queue(session: Session, principal: Principal, body: api.QueueCreate,
                    over_quota_weight=body.over_quota_weight, priority=body.priority, approval_above_milli=threshold,
                    preempt_min_runtime_s=body.preempt_min_runtime_s,
                    reclaim_min_runtime_s=body.reclaim_min_runtime_s, idle_reclaim_s=body.idle_reclaim_s,
-                   max_disconnect_s=body.max_disconnect_s)
+                   max_disconnect_s=body.max_disconnect_s, hold_unsatisfiable=body.hold_unsatisfiable)
     session.add(row)
     try:
         session.flush()
@@ -132,7 +132,8 @@ def _queue_out(session: Session, row: QueueRow, key: str, used: Counter[str] | d
     org = session.get(Org, row.org_id) if row.org_id else None
     return api.QueueOut(name=row.name, parent=row.parent, org=org.name if org else None, guaranteed=row.guaranteed,
                         limit=row.limit, over_quota_weight=row.over_quota_weight, priority=row.priority,
-                        max_disconnect_s=row.max_disconnect_s, used_gpus=used.get(key, 0) / 1000,
+                        max_disconnect_s=row.max_disconnect_s, hold_unsatisfiable=row.hold_unsatisfiable,
+                        used_gpus=used.get(key, 0) / 1000,
                         fair_share_gpus=fair_shares.get(key, 0) / 1000,
                         pending_jobs=counts.get((key, "pending"), 0),
                         running_jobs=counts.get((key, "running"), 0),

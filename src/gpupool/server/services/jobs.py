@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -13,12 +14,15 @@ from sqlalchemy import bindparam, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpupool.core import TaskShape
+from gpupool.core.diagnostics import iso_utc
 from gpupool.protocol import api
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Job, JobEvent, Node, Org, Project, QueueRow, User, new_id, utcnow
 from gpupool.server.db.repositories import UNNUMBERED, QueueIndex, job_shape, number_at_commit
 from gpupool.server.failpoints import failpoint
 from gpupool.server.keyring import Keyring
+from gpupool.server.services import capacity
 from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.metering import aware
 from gpupool.server.services.tenancy import member
@@ -45,7 +49,9 @@ def submit(session: Session, principal: Principal, body: api.JobCreate, idempote
     _check_requests(body)
     _check_project(principal, body.project, found)
     _check_queue(body.queue, found)
-    job_shape(spec)  # validates the shape as the scheduler will read it
+    shape = job_shape(spec)  # validates the shape as the scheduler will read it
+    if not found.hold_unsatisfiable:
+        _check_satisfiable(session, shape, body)
     if pending_cap is not None:
         _check_pending_cap(principal, found.pending, pending_cap)
     approval = found.approval_above_milli
@@ -87,6 +93,7 @@ class _Admission:
     approval_above_milli: int | None
     queue_max_disconnect_s: int | None
     child_queue_id: str | None
+    hold_unsatisfiable: bool | None
     pending: int
 
 
@@ -120,6 +127,7 @@ ADMISSION = select(
     _queue_first(QueueRow.max_disconnect_s),
     _first(QueueRow.id, QueueRow.parent == _queue_name,
            or_(QueueRow.org_id == _org, QueueRow.org_id.is_(None), ~_own_queue)),
+    _queue_first(QueueRow.hold_unsatisfiable),
     _pending.scalar_subquery())
 
 
@@ -196,6 +204,16 @@ def _check_requests(body: api.JobCreate) -> None:
                                  f"(this one: gpus={body.gpus}, cpus={body.cpus}, memory_mib={body.memory_mib})")
 
 
+def _check_satisfiable(session: Session, shape: TaskShape, body: api.JobCreate) -> None:
+    """422 naming the field when no node of the pool could hold the job even with every node empty
+    (services.capacity); nothing is stored."""
+    found = capacity.never_fits(capacity.pool_kinds(session), shape, body.min_tasks or body.tasks)
+    if found is not None:
+        field, message = found
+        raise HTTPException(422, f"{field}: {message}; no node of the pool could ever run this job (a queue with "
+                                 f"hold_unsatisfiable lets such jobs wait for capacity)")
+
+
 def _check_pending_cap(principal: Principal, pending: int, cap: int) -> None:
     if pending >= cap:
         raise HTTPException(429, f"organisation {principal.org_name!r} has {pending} pending jobs, its cap "
@@ -230,7 +248,7 @@ def job_out(session: Session, job: Job, with_allocations: bool = False, project_
                      priority=job.priority, gpus=str(job.spec["gpus"]), tasks=int(job.spec["tasks"]),
                      command=list(job.spec["command"]), tags=dict(job.tags), submitted_at=job.submitted_at,
                      started_at=job.started_at, finished_at=job.finished_at, exit_code=job.exit_code,
-                     reason=api.PendingReasonOut(**job.reason) if job.reason else None,
+                     reason=reason_out(job.reason) if job.reason else None,
                      secret_env=list(job.spec.get("secret_env", [])))
     if with_allocations:
         nodes = {n.id: n.name for n in session.scalars(select(Node))}
@@ -336,6 +354,32 @@ def _check_still_a_leaf(session: Session, job: Job) -> None:
 def org_name(session: Session, org_id: str) -> str:
     org = session.get(Org, org_id)
     return org.name if org else ""
+
+
+def reason_out(reason: dict[str, Any], now: float | None = None) -> api.PendingReasonOut:
+    """A stored pending reason (the scheduling cycle's, `PendingReason.to_dict`) as the API gives it: the time its
+    message names followed by how far from `now` (default: the wall clock) it is, read when asked."""
+    at = reason.get("at")
+    message = str(reason.get("message", ""))
+    if isinstance(at, int | float):
+        when = iso_utc(at)
+        message = message.replace(when, f"{when}, {relative(at - (time.time() if now is None else now))}")
+    return api.PendingReasonOut(kind=str(reason.get("kind", "")), message=message,
+                                details=list(reason.get("details") or []),
+                                at=datetime.fromtimestamp(at, UTC) if isinstance(at, int | float) else None,
+                                holder=reason.get("holder") or None)
+
+
+def relative(seconds: float) -> str:
+    """"in 3 min", "2 h ago", "now": how far a time is, to a sensible unit."""
+    span = abs(seconds)
+    if span < 1:
+        return "now"
+    for limit, unit, size in ((90, "s", 1), (90 * 60, "min", 60), (36 * 3600, "h", 3600), (float("inf"), "d", 86400)):
+        if span < limit:
+            amount = f"{round(span / size)} {unit}"
+            return f"in {amount}" if seconds > 0 else f"{amount} ago"
+    return "now"  # not reached
 
 
 def why_scheduled(session: Session, job: Job) -> api.PendingReasonOut:

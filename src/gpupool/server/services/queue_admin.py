@@ -113,7 +113,8 @@ def _fields(row: QueueRow) -> dict[str, str]:
     threshold = row.approval_above_milli
     return out | {"over_quota_weight": str(row.over_quota_weight), "priority": str(row.priority),
                   "approval_above_gpus": "none" if threshold is None else f"{threshold / 1000:g}",
-                  "max_disconnect_s": str(row.max_disconnect_s or "the pool's")}
+                  "max_disconnect_s": str(row.max_disconnect_s or "the pool's"),
+                  "hold_unsatisfiable": "yes" if row.hold_unsatisfiable else "no"}
 
 
 def _quota(raw: dict[str, Any] | None) -> str:

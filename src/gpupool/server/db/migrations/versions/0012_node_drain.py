@@ -1,6 +1,6 @@
 """nodes.drain_since, drain_deadline, remove_when_drained: a node being drained (and removed once empty)
 
-Revision ID: 0012_node_drain
+Revision ID: 0012
 Revises: 0011
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0012_node_drain'
+revision = '0012'
 down_revision = '0011'
 branch_labels = None
 depends_on = None
