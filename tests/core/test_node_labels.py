@@ -6,16 +6,27 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from gpupool.core import Bind, ClusterSnapshot, FixedClock, Framework, NodeState, default_registry, placement_profile
-from gpupool.core import PendingKind, TaskShape, run_cycle
+from gpupool.core import (
+    Bind,
+    ClusterSnapshot,
+    FixedClock,
+    Framework,
+    NodeState,
+    PendingKind,
+    TaskShape,
+    default_registry,
+    placement_profile,
+    run_cycle,
+)
 from gpupool.core.fit import copies_fit, node_fits
+from gpupool.core.model import NodeSpec
 from gpupool.core.framework.status import Code
 from gpupool.core.nodes import NodeKind
 from gpupool.core.plugins.filter.gpu_fit import GpuFitFilter
 from gpupool.core.testing.builders import make_job, make_node, make_shape, table_of
 
 
-def labelled(name: str, *labels: str, gpus: int = 2):
+def labelled(name: str, *labels: str, gpus: int = 2) -> NodeSpec:
     return dataclasses.replace(make_node(name, gpus=gpus), labels=frozenset(labels))
 
 
