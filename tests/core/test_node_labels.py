@@ -19,8 +19,8 @@ from gpupool.core import (
     run_cycle,
 )
 from gpupool.core.fit import copies_fit, node_fits
-from gpupool.core.model import NodeSpec
 from gpupool.core.framework.status import Code
+from gpupool.core.model import NodeSpec
 from gpupool.core.nodes import NodeKind
 from gpupool.core.plugins.filter.gpu_fit import GpuFitFilter
 from gpupool.core.testing.builders import make_job, make_node, make_shape, table_of
