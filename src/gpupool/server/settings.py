@@ -123,6 +123,22 @@ class Settings(BaseModel):
     #: bytes of one attempt's log the control plane keeps: the tail, with the cut marked (see server.joblogs)
     max_log_bytes_per_job: int = Field(default=100 << 20, ge=64 << 10)
 
+    # Kubernetes (docs: Operating: Kubernetes): with a kubeconfig the control plane also schedules the cluster's pods
+    # whose spec.schedulerName is gpupool, in the same cycles as agents' jobs.
+    #: a kubeconfig file whose cluster's pods gpupool schedules, or "in-cluster" (the pod's service account); empty:
+    #: no Kubernetes
+    kubeconfig: str = ""
+    #: the organisation whose queues Kubernetes pods go to
+    kube_org: str = "default"
+    #: the queue of each namespace's pods without a gpupool.io/queue label, as comma-separated NAMESPACE=QUEUE
+    #: (a namespace not named: the queue named as the namespace if there is one, else "default")
+    kube_queues: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9.-]{0,62}=[A-Za-z0-9._-]{1,64}"
+                                                 r"(,[a-z0-9][a-z0-9.-]{0,62}=[A-Za-z0-9._-]{1,64})*)?$")
+
+    @property
+    def kube_queue_map(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.kube_queues.split(",") if item)
+
     @field_validator("trusted_proxies")
     @classmethod
     def _networks(cls, value: str) -> str:
