@@ -55,9 +55,9 @@ class KubeCluster:
 
     def api(self) -> Any:
         """An official-client ApiClient on this cluster."""
-        from kubernetes import config
+        from gpupool.server.kube.client import load
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return load(str(self.kubeconfig))
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -165,6 +165,8 @@ def add_node(core: Any, name: str, gpus: int = 8, model: str = "NVIDIA-H100-80GB
         {"type": "Ready", "status": "True" if ready else "False", "reason": "FakeNode",
          "message": "a fake GPU node (no kubelet: gpupool test tooling)"}]}}
     core.patch_node_status(name, status, _preload_content=False)
+    if ready:  # the apiserver taints a new node not-ready; the node lifecycle controller (not running) would lift it
+        core.patch_node(name, {"spec": {"taints": taints or None}}, _preload_content=False)
 
 
 def pod_body(name: str, gpus: int = 0, fraction: str | None = None, cpu: str = "1", memory: str = "1Gi",
