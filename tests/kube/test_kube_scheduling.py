@@ -37,8 +37,9 @@ def test_a_gang_binds_all_or_nothing(kube: Kube) -> None:
     gang = {"gpupool.io/pod-group": "train"}
     for i in range(4):
         kube.create_pod(pod_body(f"train-{i}", gpus=2, labels=gang, annotations={"gpupool.io/min-member": "4"}))
-    message = wait_for(lambda: (kube.condition("train-0") or {}).get("message"), 30, "the gang's reason")
-    assert "gpupool" in message and "no_node_fits" in message, message
+    message = wait_for(lambda: "no_node_fits" in (m := (kube.condition("train-0") or {}).get("message", "")) and m,
+                       30, "the gang's reason")
+    assert message.startswith("gpupool: no_node_fits: "), message
     assert not any(p["spec"].get("nodeName") for p in kube.pods().values()), "3 of 4 places: none bound"
     add_node(kube.core, "gpu-d", gpus=2)
     pods = kube.wait_bound([f"train-{i}" for i in range(4)])
@@ -51,8 +52,10 @@ def test_a_gang_waits_for_its_members(kube: Kube) -> None:
     gang = {"gpupool.io/pod-group": "mpi"}
     for i in range(3):
         kube.create_pod(pod_body(f"mpi-{i}", gpus=1, labels=gang, annotations={"gpupool.io/min-member": "4"}))
-    message = wait_for(lambda: (kube.condition("mpi-0") or {}).get("message"), 30, "the gang's reason")
-    assert "3 of its 4 members" in message, message
+    message = wait_for(lambda: "3 of" in (m := (kube.condition("mpi-0") or {}).get("message", "")) and m, 30,
+                       "the gang's reason")
+    assert "gang_incomplete: pod group mpi: 3 of its 4 members exist" in message, message
+    assert not any(p["spec"].get("nodeName") for p in kube.pods().values())
     kube.create_pod(pod_body("mpi-3", gpus=1, labels=gang, annotations={"gpupool.io/min-member": "4"}))
     kube.wait_bound([f"mpi-{i}" for i in range(4)])
 

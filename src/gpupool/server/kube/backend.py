@@ -160,7 +160,7 @@ class KubeBackend:
                 fraction_share(shape, fits[0]) if fits else ())
         try:
             slots = cache.slots_for(pod.node, shares or (), set())
-            cache.assume(task_id(pod), _running(pod, queue, shape, shares or ()), slots)
+            cache.assume(task_id(pod), _running(pod, queue, shape, shares or (), pod.node), slots)
         except ValueError as exc:  # more bound on the node than it has: kept out, and said
             log.warning("kube: pod %s on %s does not fit what gpupool knows of the node: %s", pod.key, pod.node, exc)
 
@@ -185,7 +185,7 @@ class KubeBackend:
                 except ValueError:
                     continue  # a victim's devices not yet free: next cycle
                 job = cycle.pending.jobs[bind.job_id]
-                cache.assume(bind.task_id, _running(pod, job.queue, bind.shape, bind.shares), slots)
+                cache.assume(bind.task_id, _running(pod, job.queue, bind.shape, bind.shares, bind.node), slots)
                 self._assumed[bind.task_id] = time.monotonic() + ASSUME_S
                 sent.append(self.pool.submit(self._bind, cache, pod, bind))
         for victim in victims:
@@ -243,12 +243,12 @@ def _shape(pod: KubePod) -> TaskShape:
         return TaskShape(pod.cpu_milli, pod.memory_mib)
 
 
-def _running(pod: KubePod, queue: str, shape: TaskShape, shares: tuple[DeviceShare, ...]) -> RunningTask:
+def _running(pod: KubePod, queue: str, shape: TaskShape, shares: tuple[DeviceShare, ...], node: str) -> RunningTask:
     started = pod.created
     try:
         estimate = estimate_s(pod)
     except Malformed:
         estimate = None
     estimate = estimate if estimate is not None else pod.deadline_s
-    return RunningTask(task_id(pod), job_id_of(pod), pod.node, shape, shares, queue, pod.priority, True, started,
+    return RunningTask(task_id(pod), job_id_of(pod), node, shape, shares, queue, pod.priority, True, started,
                        False, None if estimate is None else started + estimate, pod.created)
