@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -132,12 +133,21 @@ class Settings(BaseModel):
     kube_org: str = "default"
     #: the queue of each namespace's pods without a gpupool.io/queue label, as comma-separated NAMESPACE=QUEUE
     #: (a namespace not named: the queue named as the namespace if there is one, else "default")
-    kube_queues: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9.-]{0,62}=[A-Za-z0-9._-]{1,64}"
-                                                 r"(,[a-z0-9][a-z0-9.-]{0,62}=[A-Za-z0-9._-]{1,64})*)?$")
+    kube_queues: str = ""
 
     @property
     def kube_queue_map(self) -> dict[str, str]:
         return dict(item.split("=", 1) for item in self.kube_queues.split(",") if item)
+
+    @field_validator("kube_queues")
+    @classmethod
+    def _namespace_queues(cls, value: str) -> str:
+        for item in filter(None, value.split(",")):
+            namespace, _, queue = item.partition("=")
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,62}", namespace) or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}",
+                                                                                             queue):
+                raise ValueError(f"{item[:80]} is not NAMESPACE=QUEUE (a Kubernetes namespace, a queue name)")
+        return value
 
     @field_validator("trusted_proxies")
     @classmethod
