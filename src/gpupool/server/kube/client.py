@@ -29,7 +29,7 @@ def load(kubeconfig: str, pool: int = 32) -> client.ApiClient:
     else:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     configuration.connection_pool_maxsize = pool
-    if not configuration.verify_ssl:  # the kubeconfig says insecure-skip-tls-verify: its choice, said once, not per call
+    if not configuration.verify_ssl:  # the kubeconfig asks insecure-skip-tls-verify: its choice, not warned per call
         import urllib3
 
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
