@@ -9,7 +9,7 @@ import pytest
 
 from gpupool.core import PendingKind
 from gpupool.devtools.kube_cluster import pod_body
-from gpupool.server.kube.constraints import allows, constraints
+from gpupool.server.kube.constraints import allows
 from gpupool.server.kube.objects import Malformed, devices_of, gpu_milli, node_of, pod_of
 from gpupool.server.kube.view import Asks, node_entries, pending_jobs
 
@@ -67,13 +67,13 @@ def test_recorded_devices_are_read_back_and_nonsense_is_ignored() -> None:
 def test_selectors_affinity_and_taints() -> None:
     tainted = node_of(node("t", labels={"pool": "a"}, taints=[{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]))
     plain = node_of(node("p", labels={"pool": "b"}))
-    tolerant = constraints(pod_of(pod("x", tolerations=[{"key": "gpu", "operator": "Exists"}])))
+    tolerant = pod_of(pod("x", tolerations=[{"key": "gpu", "operator": "Exists"}])).asks
     assert allows(tainted, tolerant) and not allows(tainted, {}) and allows(plain, {})
-    selector = constraints(pod_of(pod("y", nodeSelector={"pool": "b"})))
+    selector = pod_of(pod("y", nodeSelector={"pool": "b"})).asks
     assert allows(plain, selector) and not allows(tainted, selector)
     term = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["b"]}]}]}
-    affine = constraints(pod_of(pod("z", affinity={"nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": term}}, tolerations=[{"operator": "Exists"}])))
+    affine = pod_of(pod("z", affinity={"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": term}}, tolerations=[{"operator": "Exists"}])).asks
     assert allows(tainted, affine) and not allows(plain, affine)
 
 

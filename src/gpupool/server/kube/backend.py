@@ -58,8 +58,10 @@ log = logging.getLogger(__name__)
 SOURCE = "kubernetes"
 #: how long a sent bind is assumed before the watch must have shown it
 ASSUME_S = 30.0
-#: concurrent apiserver calls (binds, status writes)
+#: concurrent binds (and evictions, deletions) sent to the apiserver
 WORKERS = 16
+#: concurrent why-pending writes
+STATUS_WORKERS = 4
 
 
 @dataclass
@@ -77,8 +79,9 @@ class KubeBackend:
         self.client, self.org, self.queues, self.grace_s = client, org, dict(queues or {}), grace_s
         self.nodes = Informer("nodes", client, node_of, lambda o: o["metadata"]["name"], wake)
         self.pods = Informer("pods", client, pod_of, _pod_key, wake)
-        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="kube-api")
-        self.status = StatusWriter(client, self.pool)
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="kube-bind")
+        # why-pending writes on their own threads: thousands of waiting pods never hold a bind up
+        self.status = StatusWriter(client, ThreadPoolExecutor(STATUS_WORKERS, thread_name_prefix="kube-status"))
         self._assumed: dict[str, float] = {}  # task id -> when the assumption lapses
         self._nodes_seen: object = None
         self._collected: set[str] = set()  # orphaned pods already deleted
@@ -92,6 +95,7 @@ class KubeBackend:
         self.nodes.stop()
         self.pods.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.status.pool.shutdown(wait=False, cancel_futures=True)
 
     def prepare(self, cache: ClusterCache, queues: QueueIndex) -> KubeCycle:
         """Bring the cache up to date with the cluster; the cycle's pending pods (none before both lists)."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpupool.server.kube.objects import KubeNode, KubePod
+if TYPE_CHECKING:
+    from gpupool.server.kube.objects import KubeNode
 
 
-def constraints(pod: KubePod) -> dict[str, Any]:
+def constraints(spec: dict[str, Any]) -> dict[str, Any]:
     """The parts of a pod's spec that restrict its nodes (empty: any untainted node)."""
-    spec = pod.spec
     required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     out: dict[str, Any] = {}

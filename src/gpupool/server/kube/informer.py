@@ -75,6 +75,14 @@ class Informer(Generic[T]):
         return since
 
     def _watch(self, since: str) -> str:
+        try:
+            return self._follow(since)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 410:  # refused up front rather than as an ERROR event
+                raise Gone() from None
+            raise
+
+    def _follow(self, since: str) -> str:
         for kind, obj in self.source.watch(self.kind, since, WATCH_S):
             if self._stop.is_set():
                 break

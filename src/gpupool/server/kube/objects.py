@@ -17,6 +17,7 @@ from typing import Any
 
 from gpupool.core import DeviceShare, GpuDevice, NodeSpec, TaskShape
 from gpupool.protocol.api import gpus_to_milli
+from gpupool.server.kube.constraints import constraints, signature
 
 SCHEDULER_NAME = "gpupool"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -66,7 +67,10 @@ class KubePod:
     created: float
     deadline_s: float | None
     deleting: bool
-    spec: dict[str, Any] = field(repr=False, compare=False)  # the pod's spec, for constraints
+    spec: dict[str, Any] = field(repr=False, compare=False)  # the pod's spec
+    #: what restricts its nodes (constraints.py), and the tag naming that, worked out once per version of the pod
+    asks: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    tag: str = ""
 
     @property
     def done(self) -> bool:
@@ -114,12 +118,13 @@ def pod_of(obj: dict[str, Any]) -> KubePod:
         cpu += quantity(asked.get("cpu", "0"), MILLI)
         memory += quantity(asked.get("memory", "0"), MIB)
     deadline = spec.get("activeDeadlineSeconds")
+    asks = constraints(spec)
     return KubePod(f"{meta['namespace']}/{meta['name']}", meta.get("uid", ""), meta["namespace"], meta["name"],
                    spec.get("nodeName") or "", status.get("phase", "Pending"),
                    spec.get("schedulerName") == SCHEDULER_NAME, cpu, memory, dict(meta.get("labels") or {}),
                    dict(meta.get("annotations") or {}), int(spec.get("priority") or 0),
                    _timestamp(meta.get("creationTimestamp")), float(deadline) if deadline else None,
-                   bool(meta.get("deletionTimestamp")), spec)
+                   bool(meta.get("deletionTimestamp")), spec, asks, signature(asks))
 
 
 def _timestamp(value: str | None) -> float:

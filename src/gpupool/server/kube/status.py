@@ -1,6 +1,7 @@
 """Why a pod waits, written back to it as kube-scheduler does: the PodScheduled=False condition (reason
 Unschedulable, gpupool's reason as its message) whenever the reason changes, and a FailedScheduling Warning event
-at most once per EVENT_EVERY_S per pod (and at once when the reason changes)."""
+at once when the reason changes, then again after EVENT_EVERY_S, twice that, ... up to EVENT_MAX_S while it stays
+(kube-scheduler's backoff, so that thousands of waiting pods do not flood the apiserver with events)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EVENT_EVERY_S = 60.0
+EVENT_MAX_S = 3600.0
 
 
 def message(reason: PendingReason) -> str:
@@ -27,17 +29,18 @@ def message(reason: PendingReason) -> str:
 class StatusWriter:
     def __init__(self, client: KubeClient, pool: Executor) -> None:
         self.client, self.pool = client, pool
-        self._written: dict[str, tuple[str, float]] = {}  # pod uid -> (message, when its last event went)
+        self._written: dict[str, tuple[str, float, float]] = {}  # pod uid -> (message, last event, next wait)
 
     def record(self, pods: list[KubePod], reason: PendingReason) -> None:
         """Write `reason` on each of `pods` where it is new, or its last event is old (asynchronously)."""
         text, now = message(reason), time.monotonic()
         for pod in pods:
             last = self._written.get(pod.uid)
-            if last is not None and last[0] == text and now - last[1] < EVENT_EVERY_S:
+            if last is not None and last[0] == text and now - last[1] < last[2]:
                 continue
             changed = last is None or last[0] != text
-            self._written[pod.uid] = (text, now)
+            wait = EVENT_EVERY_S if last is None or changed else min(2 * last[2], EVENT_MAX_S)
+            self._written[pod.uid] = (text, now, wait)
             self.pool.submit(self._write, pod, text, changed)
 
     def _write(self, pod: KubePod, text: str, changed: bool) -> None:

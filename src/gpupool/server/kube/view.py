@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupool.core import JobSpec, PendingKind, PendingReason, TaskSpec
-from gpupool.server.kube.constraints import allows, constraints, signature
+from gpupool.server.kube.constraints import allows
 from gpupool.server.kube.objects import (
     GROUP_LABEL,
     KubeNode,
@@ -56,15 +56,14 @@ class Asks:
     def of(cls, pods: Iterable[KubePod], nodes: Iterable[KubeNode]) -> Asks:
         asks = cls(needed=any(n.taints for n in nodes))
         for pod in pods:
-            found = constraints(pod)
-            asks.needed = asks.needed or bool(found)
-            asks.by_tag[signature(found)] = found
+            asks.needed = asks.needed or bool(pod.asks)
+            asks.by_tag[pod.tag] = pod.asks
         if not asks.needed:
             asks.by_tag = {}
         return asks
 
     def tag(self, pod: KubePod) -> tuple[str, ...]:
-        return (signature(constraints(pod)),) if self.needed else ()
+        return (pod.tag,) if self.needed else ()
 
 
 def node_entries(nodes: dict[str, KubeNode], pods: Iterable[KubePod], asks: Asks) -> list[NodeEntry]:
