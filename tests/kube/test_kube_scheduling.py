@@ -106,5 +106,6 @@ def test_queue_limits_hold_across_two_namespaces(kube: Kube) -> None:
     for ns in ("team-a", "team-b"):
         bound = [p for p in kube.pods(ns).values() if p["spec"].get("nodeName")]
         assert len(bound) == 2, f"{ns}: its queue's limit of 2 GPUs holds, got {len(bound)}"
-        waiting = [p for p in kube.pods(ns).values() if not p["spec"].get("nodeName")]
-        assert "over_quota" in kube.condition(waiting[0]["metadata"]["name"], ns)["message"]
+        waiting = [p["metadata"]["name"] for p in kube.pods(ns).values() if not p["spec"].get("nodeName")]
+        condition = wait_for(lambda n=ns, w=waiting[0]: kube.condition(w, n), 30, f"{ns}: the waiting pod's reason")
+        assert "over_quota" in condition["message"], condition

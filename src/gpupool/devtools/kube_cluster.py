@@ -43,6 +43,7 @@ def missing() -> str:
 class KubeCluster:
     root: Path
     port: int = 0
+    etcd_port: int = 0
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -71,15 +72,16 @@ class KubeCluster:
         self.processes.clear()
 
 
-def start(root: Path) -> KubeCluster:
-    """etcd and kube-apiserver under `root` (their data, logs, keys and a kubeconfig), ready to serve."""
+def start(root: Path, *apiserver_args: str) -> KubeCluster:
+    """etcd and kube-apiserver (with `apiserver_args` added) under `root` (their data, logs, keys and a kubeconfig),
+    ready to serve."""
     root.mkdir(parents=True, exist_ok=True)
     cluster = KubeCluster(root)
     try:
         etcd = _etcd(root)
         cluster.processes.append(etcd[0])
-        cluster.port = free_port()
-        cluster.processes.append(_apiserver(root, etcd[1], cluster.port))
+        cluster.port, cluster.etcd_port = free_port(), etcd[1]
+        cluster.processes.append(_apiserver(root, etcd[1], cluster.port, apiserver_args))
         _kubeconfig(cluster)
         wait_for(lambda: _ready(cluster), 90, "kube-apiserver /readyz", step_s=0.3)
     except BaseException:
@@ -99,7 +101,7 @@ def _etcd(root: Path) -> tuple[subprocess.Popen[bytes], int]:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), client
 
 
-def _apiserver(root: Path, etcd_port: int, port: int) -> subprocess.Popen[bytes]:
+def _apiserver(root: Path, etcd_port: int, port: int, extra: tuple[str, ...]) -> subprocess.Popen[bytes]:
     if not (root / "sa.key").exists():
         subprocess.run(["openssl", "genrsa", "-out", str(root / "sa.key"), "2048"], check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(root / "sa.key"), "-pubout", "-out", str(root / "sa.pub")],
@@ -111,9 +113,18 @@ def _apiserver(root: Path, etcd_port: int, port: int) -> subprocess.Popen[bytes]
            "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={root / 'sa.pub'}",
            f"--service-account-signing-key-file={root / 'sa.key'}", "--service-cluster-ip-range=10.96.0.0/24",
            "--disable-admission-plugins=ServiceAccount", "--insecure-port=0", "--max-requests-inflight=2000",
-           "--max-mutating-requests-inflight=1000"]
+           "--max-mutating-requests-inflight=1000", *extra]
     with open(root / "apiserver.log", "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def compact_etcd(cluster: KubeCluster) -> int:
+    """Compact etcd's history up to its current revision (what the apiserver does every 5 minutes): a watch from an
+    older resourceVersion then gets 410 Gone. Returns the revision."""
+    url = f"http://127.0.0.1:{cluster.etcd_port}/v3"
+    revision = int(httpx.post(f"{url}/kv/range", json={"key": "AA=="}, timeout=10).json()["header"]["revision"])
+    httpx.post(f"{url}/kv/compaction", json={"revision": revision, "physical": True}, timeout=30).raise_for_status()
+    return revision
 
 
 def _kubeconfig(cluster: KubeCluster) -> None:
