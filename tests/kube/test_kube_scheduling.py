@@ -109,3 +109,23 @@ def test_queue_limits_hold_across_two_namespaces(kube: Kube) -> None:
         waiting = [p["metadata"]["name"] for p in kube.pods(ns).values() if not p["spec"].get("nodeName")]
         condition = wait_for(lambda n=ns, w=waiting[0]: kube.condition(w, n), 30, f"{ns}: the waiting pod's reason")
         assert "over_quota" in condition["message"], condition
+
+
+def test_preemption_evicts_a_lower_priority_pod_through_the_eviction_api(kube: Kube) -> None:
+    add_node(kube.core, "gpu-a", gpus=2)
+    from kubernetes import client
+
+    for name, value in (("low", 0), ("high", 1000)):
+        client.SchedulingV1Api(kube.core.api_client).create_priority_class(
+            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value},
+            _preload_content=False)
+    kube.start_gpupool(GPUPOOL_PROFILE="fair-share")
+    for i in range(2):
+        kube.create_pod(pod_body(f"low-{i}", gpus=1, priorityClassName="low"))
+    kube.wait_bound(["low-0", "low-1"])
+    kube.create_pod(pod_body("urgent", gpus=1, priorityClassName="high"))
+    assert kube.wait_bound(["urgent"])["urgent"]["spec"]["nodeName"] == "gpu-a"
+    left = [n for n in kube.pods() if n.startswith("low-")]
+    assert len(left) == 1, f"one low-priority pod evicted (and stopped by its kubelet), left: {left}"
+    events = [e for n in ("low-0", "low-1") for e in kube.events(n)]
+    assert not [e for e in events if e["reason"] == "FailedScheduling"]

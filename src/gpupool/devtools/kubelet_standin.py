@@ -1,8 +1,8 @@
 """A KUBELET STAND-IN (test tooling, never part of the product): there is no kubelet or container runtime on the
 fake nodes, so this moves pods bound to nodes labelled `gpupool.io/fake-node` through their phases as a kubelet
 would report them: Running once bound, then, after the seconds in the annotation `gpupool.test/run-seconds`,
-Succeeded (or Failed when `gpupool.test/exit` is "failed"). Departures are thus real API events. Pods without the
-annotation run until deleted."""
+Succeeded (or Failed when `gpupool.test/exit` is "failed"); a pod being deleted (evicted) is stopped at once and its
+deletion confirmed. Departures are thus real API events. Pods without the annotation run until deleted."""
 
 from __future__ import annotations
 
@@ -55,7 +55,13 @@ class KubeletStandIn:
         now = time.monotonic()
         for pod in pods:
             meta, phase = pod["metadata"], (pod.get("status") or {}).get("phase", "Pending")
-            if pod["spec"].get("nodeName") not in fake or phase in ("Succeeded", "Failed"):
+            if pod["spec"].get("nodeName") not in fake:
+                continue
+            if meta.get("deletionTimestamp"):  # evicted or deleted: the kubelet stops it and confirms at once
+                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body={"gracePeriodSeconds": 0},
+                                                _preload_content=False)
+                continue
+            if phase in ("Succeeded", "Failed"):
                 continue
             if phase == "Pending":
                 self._phase(pod, "Running")
