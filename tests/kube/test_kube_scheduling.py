@@ -16,7 +16,7 @@ def devices(pod: dict) -> str:
 def test_two_half_gpu_pods_share_one_gpu_on_the_node_and_device_the_core_chose(kube: Kube) -> None:
     add_node(kube.core, "gpu-a", gpus=2)
     add_node(kube.core, "gpu-b", gpus=1)
-    kube.start_gpupool()
+    server = kube.start_gpupool()
     kube.create_pod(pod_body("half-1", fraction="0.5"))
     kube.create_pod(pod_body("half-2", fraction="0.5"))
     pods = kube.wait_bound(["half-1", "half-2"])
@@ -26,6 +26,10 @@ def test_two_half_gpu_pods_share_one_gpu_on_the_node_and_device_the_core_chose(k
     assert devices(pods["half-1"]).endswith(":500")
     # best-fit packs fractions onto the smallest node that takes them: the 1-GPU node
     assert nodes == {"gpu-b"}
+    with server.client() as api:  # `gpupool nodes` shows the Kubernetes nodes, their GPUs as gpupool booked them
+        shown = {n["name"]: n for n in api.get("/nodes").json()}
+    assert shown["gpu-b"]["jobs_as"] == "kubernetes" and shown["gpu-b"]["gpus"][0]["allocated_milli"] == 1000
+    assert [g["allocated_milli"] for g in shown["gpu-a"]["gpus"]] == [0, 0]
     wait_for(lambda: all(p["status"].get("phase") == "Running" for p in kube.pods().values()), 30,
              "the kubelet stand-in to mark them Running")
 

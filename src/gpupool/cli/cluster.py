@@ -242,7 +242,7 @@ def queue_create(name: str, parent: str | None = typer.Option(None), guaranteed_
 
 #: how `gpupool nodes` shows who a node's process jobs run as (protocol.agent.JobsAs)
 JOBS_AS = {"dynamic-uid": "dynamic uid", "local-user": "local user", "agent-user": "agent user",
-           "root": "[bold red]ROOT[/]", "unknown": "unknown"}
+           "root": "[bold red]ROOT[/]", "unknown": "unknown", "kubernetes": "kubernetes (its kubelet)"}
 
 
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
