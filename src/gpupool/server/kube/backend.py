@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 SOURCE = "kubernetes"
 #: how long a sent bind is assumed before the watch must have shown it
 ASSUME_S = 30.0
-#: concurrent binds (and evictions, deletions) sent to the apiserver
-WORKERS = 16
+#: concurrent binds (and evictions, deletions) sent to the apiserver (more only contend for the interpreter)
+WORKERS = 4
 #: concurrent why-pending writes
 STATUS_WORKERS = 4
 
