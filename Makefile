@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED ?= $(abspath ../shared)
 FAKE_GPUS ?= 2xA100-80GB
 
-.PHONY: install run demo test lint docs bench soak clean system-deps
+.PHONY: install run demo test lint docs bench soak clean system-deps kube-deps run-k8s
 
 install: $(STAMP)
 
@@ -38,6 +38,15 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
 	  echo "Chromium is missing: the dashboard tests will be skipped"
 
+# Kubernetes: the tests, `make run-k8s` and the k8s benchmark run a real kube-apiserver and kube-scheduler 1.20.2,
+# built once from Debian's source package (about 4-8 minutes) and cached in ~/.cache/gpupool/k8s, with etcd-server.
+kube-deps:
+	@scripts/build-kube || echo "kube-apiserver could not be built: the Kubernetes tests will be skipped"
+
+# A local Kubernetes control plane with 8 FAKE GPU nodes, scheduled by gpupool; prints the kubectl lines to try.
+run-k8s: install kube-deps
+	$(PY) -m gpupool.devtools.kube_demo --dir k8s-demo
+
 # The docs site (mkdocs.yml): regenerate the CLI and settings references and the OpenAPI schema, then build site/.
 # `make test` builds it with --strict too: a broken link, a missing page or a page left out of the nav fails.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
@@ -45,7 +54,7 @@ docs: install
 	$(PY) -m gpupool.devtools.docgen
 	$(MKDOCS)
 
-test: lint system-deps
+test: lint system-deps kube-deps
 	$(MKDOCS) --quiet
 	GPUPOOL_SHARED=$(SHARED) $(PY) -m pytest -n 2 --dist worksteal -p no:cacheprovider
 
@@ -70,8 +79,8 @@ soak: install system-deps
 	  $(PY) -m gpupool.devtools.figures $(FIGURES) reports/.soak.log --out reports/reliability.md \
 	    --command "make soak"; exit $$status
 
-bench: install
+bench: install kube-deps
 	GPUPOOL_SHARED=$(SHARED) $(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo-out sim-out gpupool-data site .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-out sim-out gpupool-data site k8s-demo .mypy_cache .ruff_cache

@@ -372,7 +372,7 @@ def print_change(out: dict[str, Any], what: str, name: str) -> None:
 
 #: how `gpupool nodes` shows who a node's process jobs run as (protocol.agent.JobsAs)
 JOBS_AS = {"dynamic-uid": "dynamic uid", "local-user": "local user", "agent-user": "agent user",
-           "root": "[bold red]ROOT[/]", "unknown": "unknown"}
+           "root": "[bold red]ROOT[/]", "unknown": "unknown", "kubernetes": "kubernetes (its kubelet)"}
 
 
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:

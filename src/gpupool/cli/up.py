@@ -23,10 +23,14 @@ def server(data_dir: Path = typer.Option(Path("gpupool-data"), help="where the d
            port: int | None = typer.Option(None, min=1, max=65535, help="default $GPUPOOL_PORT or 8181"),
            database_url: str | None = typer.Option(None, help="postgresql+psycopg://... (default: SQLite in data dir)"),
            profile: str | None = typer.Option(None, help="scheduling profile, default $GPUPOOL_PROFILE or default"),
+           kubeconfig: str | None = typer.Option(None, help="also schedule this Kubernetes cluster's pods whose "
+                                                            "schedulerName is gpupool (a kubeconfig file, or "
+                                                            "in-cluster)"),
            log_level: str = typer.Option("warning")) -> None:
     """Run the control plane (API, scheduler, agent channel). Unset options leave the GPUPOOL_* variables in force."""
     args = [sys.executable, "-m", "gpupool.server", "--data-dir", str(data_dir), "--log-level", log_level]
-    for flag, value in (("--host", host), ("--port", port), ("--profile", profile), ("--database-url", database_url)):
+    for flag, value in (("--host", host), ("--port", port), ("--profile", profile), ("--database-url", database_url),
+                        ("--kubeconfig", kubeconfig)):
         if value:
             args += [flag, str(value)]
     os.execv(sys.executable, args)

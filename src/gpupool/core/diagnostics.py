@@ -15,6 +15,7 @@ class PendingKind(StrEnum):
     LOWER_PRIORITY = "lower_priority"
     BACKFILL_WINDOW = "backfill_window"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    INVALID_REQUEST = "invalid_request"
 
 
 MAX_DETAILS = 5

@@ -44,6 +44,8 @@ def node_fits(kind: NodeKind, state: NodeState, shape: TaskShape) -> str:
         return "node unschedulable"
     if shape.has_image and not kind.untrusted_images:
         return "node refuses untrusted images"
+    if not shape.allows_labels(kind.labels):
+        return "node constraints not met"
     if shape.gpu_count and not shape.allows_model(kind.model):
         return "GPU model not allowed"
     if shape.gpu_count > kind.gpu_count:
@@ -73,7 +75,7 @@ def fraction_share(shape: TaskShape, gpu: int) -> tuple[DeviceShare, ...]:
 
 def copies_fit(kind: NodeKind, state: NodeState, shape: TaskShape) -> int:
     """How many tasks of `shape` the node could take at once (ignoring whether it is schedulable)."""
-    if shape.has_image and not kind.untrusted_images:
+    if (shape.has_image and not kind.untrusted_images) or not shape.allows_labels(kind.labels):
         return 0
     if shape.gpu_count and (not shape.allows_model(kind.model) or shape.gpu_count > kind.gpu_count):
         return 0

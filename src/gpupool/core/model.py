@@ -41,6 +41,7 @@ class NodeSpec:
     site: str = ""
     rack: str = ""
     untrusted_images: bool = True
+    labels: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -67,6 +68,7 @@ class TaskShape:
     tenancy, which shares only with ""): a fraction goes to a fully free GPU or to one whose group is its own. It
     is kept only on fractions ("" otherwise), so whole-GPU and CPU shapes of every tenant stay one cache key.
     `has_image`: the task runs a container image, so it needs a node with `untrusted_images`.
+    `node_labels`: constraint tags (sorted) the node must have among its `NodeSpec.labels`; () = any node.
     """
 
     cpu_milli: int = 0
@@ -77,6 +79,7 @@ class TaskShape:
     gpu_models: tuple[str, ...] = ()
     share_group: str = ""
     has_image: bool = False
+    node_labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("cpu_milli", "memory_mib", "gpu_count", "gpu_milli", "gpu_memory_mib"):
@@ -93,6 +96,8 @@ class TaskShape:
             raise ValueError("gpu_milli: a fraction of a GPU is only allowed with gpu_count 1")
         if tuple(sorted(set(self.gpu_models))) != self.gpu_models:
             object.__setattr__(self, "gpu_models", tuple(sorted(set(self.gpu_models))))
+        if tuple(sorted(set(self.node_labels))) != self.node_labels:
+            object.__setattr__(self, "node_labels", tuple(sorted(set(self.node_labels))))
         if self.share_group and not self.is_shared:
             object.__setattr__(self, "share_group", "")
 
@@ -117,6 +122,10 @@ class TaskShape:
 
     def allows_model(self, model: str) -> bool:
         return not self.gpu_models or model in self.gpu_models
+
+    def allows_labels(self, labels: frozenset[str]) -> bool:
+        """Whether a node with constraint tags `labels` may take the task."""
+        return not self.node_labels or labels.issuperset(self.node_labels)
 
 
 @dataclass(frozen=True, slots=True)

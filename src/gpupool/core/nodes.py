@@ -31,6 +31,7 @@ class NodeKind:
     gpu_count: int
     gpu_memory_mib: tuple[int, ...]
     untrusted_images: bool = True
+    labels: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, spec: NodeSpec) -> NodeKind:
@@ -41,6 +42,7 @@ class NodeKind:
             gpu_count=len(spec.gpus),
             gpu_memory_mib=tuple(g.memory_mib for g in spec.gpus),
             untrusted_images=spec.untrusted_images,
+            labels=spec.labels,
         )
 
     @property

@@ -32,12 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     try:
         failpoints.configure()
         settings = Settings.from_env(data_dir=args.data_dir, host=args.host, port=args.port,
-                                     database_url=args.database_url, profile=args.profile)
+                                     database_url=args.database_url, profile=args.profile,
+                                     kubeconfig=args.kubeconfig)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -60,6 +60,9 @@ from gpupool.server.services.lifecycle import Lifecycle
 from gpupool.server.services.tenancy import bootstrap
 from gpupool.server.settings import Settings
 from gpupool.server.slow_clients import HeadDeadline
+
+if TYPE_CHECKING:
+    from gpupool.server.kube.backend import KubeBackend
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
 
@@ -147,6 +150,18 @@ def _remove_node(app: FastAPI, hub: AgentHub, node_id: str) -> None:
     """Retire a node being removed (services.draining); this process forgets its credential at once."""
     hub.reset_node(node_id, draining.REMOVED)
     app.state.principals.clear()
+def _kubernetes(settings: Settings, loop: SchedulerLoop) -> KubeBackend | None:
+    """The Kubernetes backend (server/kube) when the settings name a kubeconfig, started and given to the loop."""
+    if not settings.kubeconfig:
+        return None
+    from gpupool.server.kube.backend import KubeBackend
+    from gpupool.server.kube.client import KubeClient, load
+
+    backend = KubeBackend(KubeClient(load(settings.kubeconfig)), loop.wake, settings.kube_org,
+                          settings.kube_queue_map, settings.kill_grace_s)
+    loop.backend = backend
+    backend.start()
+    return backend
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -175,6 +190,7 @@ def create_app(settings: Settings) -> FastAPI:
         await asyncio.to_thread(_load_cache, db, cache, hub)
         app.state.scheduler, app.state.lifecycle = loop, lifecycle
         app.state.fair_shares = lambda: loop.fair_shares
+        backend = _kubernetes(settings, loop)
         loop.start()
         tasks = [asyncio.create_task(hub.monitor()), asyncio.create_task(
             audit.prune_every(db, settings.audit_retention_days, settings.audit_prune_interval_s))]
@@ -187,6 +203,8 @@ def create_app(settings: Settings) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await asyncio.to_thread(loop.stop)
+        if backend is not None:
+            backend.stop()
 
     app = FastAPI(title="gpupool", version=gpupool.__version__, lifespan=lifespan)
     app.state.db, app.state.cache, app.state.hub, app.state.settings = db, cache, hub, settings

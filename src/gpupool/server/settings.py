@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -128,6 +129,31 @@ class Settings(BaseModel):
     quota_above_capacity: Literal["warn", "refuse"] = "warn"
     #: the ISO 4217 code of the currency prices are set in (cents are its hundredths); shown with every amount
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+
+    # Kubernetes (docs: Operating: Kubernetes): with a kubeconfig the control plane also schedules the cluster's pods
+    # whose spec.schedulerName is gpupool, in the same cycles as agents' jobs.
+    #: a kubeconfig file whose cluster's pods gpupool schedules, or "in-cluster" (the pod's service account); empty:
+    #: no Kubernetes
+    kubeconfig: str = ""
+    #: the organisation whose queues Kubernetes pods go to
+    kube_org: str = "default"
+    #: the queue of each namespace's pods without a gpupool.io/queue label, as comma-separated NAMESPACE=QUEUE
+    #: (a namespace not named: the queue named as the namespace if there is one, else "default")
+    kube_queues: str = ""
+
+    @property
+    def kube_queue_map(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.kube_queues.split(",") if item)
+
+    @field_validator("kube_queues")
+    @classmethod
+    def _namespace_queues(cls, value: str) -> str:
+        for item in filter(None, value.split(",")):
+            namespace, _, queue = item.partition("=")
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,62}", namespace) or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}",
+                                                                                             queue):
+                raise ValueError(f"{item[:80]} is not NAMESPACE=QUEUE (a Kubernetes namespace, a queue name)")
+        return value
 
     @field_validator("trusted_proxies")
     @classmethod

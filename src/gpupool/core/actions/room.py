@@ -62,7 +62,8 @@ def _candidates(cycle: Cycle, shape: TaskShape, by_node: dict[int, list[RunningT
         kind = table.kinds[i]
         if i in fenced:
             continue
-        if shape.gpu_count and (shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
+        if not shape.allows_labels(kind.labels) or shape.gpu_count and (
+                shape.gpu_count > kind.gpu_count or not shape.allows_model(kind.model)):
             continue
         state = table.states[i]
         if state.gpu_idle + milli < shape.total_gpu_milli:  # too little GPU even with every victim gone

@@ -237,7 +237,7 @@ def job_logs(job_id: str, who: Caller, db: Db, request: Request,
 
 @router.get("/nodes", response_model=list[api.NodeOut], tags=["nodes"])
 def list_nodes(who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
-    return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
+    return cluster.list_nodes(db, who, request.app.state.hub.telemetry) + cluster.backend_nodes(request.app.state.cache)
 
 
 @router.post("/nodes/{name}/cordon", response_model=list[api.NodeOut], tags=["nodes"])

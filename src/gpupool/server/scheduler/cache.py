@@ -13,12 +13,17 @@ them. Every method takes the lock; the scheduler holds it across a cycle.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
 from gpupool.core import ClusterSnapshot, DeviceShare, JobSpec, NodeSpec, NodeTable, RunningTask, TaskShape
 from gpupool.core.queues import QueueTree
 
+log = logging.getLogger(__name__)
+
+#: the ids of jobs, tasks and allocations that are Kubernetes pods (server/kube) start so
+POD_PREFIX = "k8s:"
 SLOTS_PER_GPU = 10
 MILLI_PER_SLOT = 100
 
@@ -43,20 +48,26 @@ class ClusterCache:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeEntry] = {}
+        self._sources: dict[str, list[NodeEntry]] = {}  # who reported the nodes ("agents", "kubernetes") -> them
         self.table = NodeTable([])
         self.held: dict[str, Held] = {}  # allocation id -> what it holds
         self.by_task: dict[str, str] = {}  # task id -> allocation id
         self.used_slots: dict[str, set[int]] = {}
         self.generation = 0
 
-    def set_nodes(self, entries: list[NodeEntry]) -> None:
-        """Replace the node set (join, leave, GPU change); running tasks keep their resources."""
+    def set_nodes(self, entries: list[NodeEntry], source: str = "agents") -> None:
+        """Replace the nodes of `source` (join, leave, GPU change; agents' nodes and a cluster backend's are kept
+        apart, so each replaces only its own); running tasks keep their resources."""
         with self.lock:
-            self.nodes = {e.spec.name: e for e in entries}
-            self.table = NodeTable(e.spec for e in entries)
+            self._sources[source] = list(entries)
+            self.nodes = {e.spec.name: e for group in self._sources.values() for e in group}
+            self.table = NodeTable(e.spec for e in self.nodes.values())
             for held in self.held.values():
-                self._take(held.task)
-            for entry in entries:
+                try:
+                    self._take(held.task)
+                except ValueError:  # the node shrank under its tasks (a cluster's node resized): they stay, it is full
+                    log.warning("node %s is smaller than the tasks it runs", held.task.node)
+            for entry in self.nodes.values():
                 self._apply_schedulable(entry)
             self.generation += 1
 

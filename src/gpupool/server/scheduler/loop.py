@@ -4,7 +4,9 @@ A cycle runs every `cycle_interval_s`, and at once when woken (a submission, a r
 Each cycle: 1. hold the lease (on a takeover, `on_takeover` first reloads what another leader may have
 changed); 2. read the pending jobs (loading only those new since the last cycle: scheduler/pending.py) and the
 queue tree; 3. run the core on the cache's snapshot under the cache lock; 4. bind, fenced by the lease's epoch;
-5. record why each still-pending job waits; 6. update metrics.
+5. record why each still-pending job waits; 6. update metrics. With a Kubernetes backend (server/kube), step 2 also
+takes its nodes, bound pods and pending pods into the cache and the cycle, and steps 4-5 send the decisions and
+reasons about pods to it; one cycle schedules agents' jobs and pods together.
 While the database is unreachable the loop keeps trying, with one warning per `QUIET_S`.
 """
 
@@ -16,21 +18,25 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from gpupool.core import Framework, Workload, installed_registry, run_cycle, scheduling_profile
+from gpupool.core import Bind, Decision, Evict, Framework, Workload, installed_registry, run_cycle, scheduling_profile
+from gpupool.core.decisions import Move
 from gpupool.core.diagnostics import PendingKind, PendingReason
 from gpupool.core.model import TaskShape
 from gpupool.server.db.engine import Database, unreachable
-from gpupool.server.db.repositories import pending_rows, queue_tree
+from gpupool.server.db.repositories import QueueIndex, pending_rows
 from gpupool.server.failpoints import failpoint
 from gpupool.server.scheduler.binder import Binder
-from gpupool.server.scheduler.cache import ClusterCache
+from gpupool.server.scheduler.cache import POD_PREFIX, ClusterCache
 from gpupool.server.scheduler.lease import Fenced, SchedulerLease
 from gpupool.server.scheduler.pending import Pending, PendingJobs
 from gpupool.server.services.metering import exhausted_hard_budgets
+
+if TYPE_CHECKING:
+    from gpupool.server.kube.backend import KubeBackend
 
 BUDGET_REFRESH_S = 5.0
 #: The least time between two cycles, so that many wake-ups (a burst of submissions) make one cycle.
@@ -78,6 +84,8 @@ class SchedulerLoop:
         self.on_takeover: Callable[[], None] | None = None
         self._epoch = 0
         self._warned_at = float("-inf")
+        #: a Kubernetes cluster whose pods this loop schedules too (server/kube), if the server has a kubeconfig
+        self.backend: KubeBackend | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -131,18 +139,26 @@ class SchedulerLoop:
     def cycle_once(self) -> int:
         with self.db.session() as session:
             pending = self._pending.read(session)
-            tree = queue_tree(session)
+            queues = QueueIndex.load(session)
             held = self._over_budget(session, pending)
         specs = {p.spec.id: p.spec for p in pending if p.spec.id not in held}
+        kube = self.backend.prepare(self.cache, queues) if self.backend is not None else None
+        if kube is not None:
+            specs.update(kube.pending.jobs)
         started = time.perf_counter()
         with self.cache.lock:
-            snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), tree)
+            snapshot = self.cache.snapshot(tuple(specs.values()), self.clock.now(), queues.tree())
             result = run_cycle(snapshot, self.framework, clock=self.clock, rng=self.rng)
         seconds = time.perf_counter() - started
         if result.decisions:
             failpoint("scheduler.before_bind")
-        placed = self.binder.apply(result.decisions, specs, self.lease.epoch)
+        ours = [d for d in result.decisions if not _is_pod(d)]
+        placed = self.binder.apply(ours, specs, self.lease.epoch)
         waiting = {**result.pending, **held}
+        if kube is not None and self.backend is not None:
+            placed += self.backend.apply(result.decisions, kube, self.cache)
+            self.backend.record({j: r for j, r in result.pending.items() if j in kube.pending.jobs}, kube)
+            waiting = {j: r for j, r in waiting.items() if not j.startswith(POD_PREFIX)}
         self._record_reasons(waiting, self.lease.epoch)
         self.fair_shares = dict(result.fair_shares)
         self.cycles += 1
@@ -175,3 +191,10 @@ class SchedulerLoop:
             self.lease.fence(session, epoch)
             for row in pending_rows(session, list(changed)):  # one query, not one per job
                 row.reason = changed[row.id].to_dict()
+
+
+def _is_pod(decision: Decision) -> bool:
+    """Whether a decision is about a Kubernetes pod (the backend applies it, not the binder)."""
+    if isinstance(decision, Bind):
+        return decision.job_id.startswith(POD_PREFIX)
+    return isinstance(decision, Evict | Move) and decision.task_id.startswith(POD_PREFIX)

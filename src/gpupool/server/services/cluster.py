@@ -15,6 +15,7 @@ from gpupool.protocol.devices import GpuTelemetry
 from gpupool.server.auth import Principal, require
 from gpupool.server.db.models import Allocation, Gpu, Job, Node, Org, Project, QueueRow, User
 from gpupool.server.db.repositories import OPEN_ALLOCATION_STATES, QueueIndex
+from gpupool.server.scheduler.cache import POD_PREFIX, ClusterCache
 from gpupool.server.services import ceilings, quota_tree
 from gpupool.server.services.tenancy import org_for
 
@@ -162,6 +163,25 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
                                untrusted_images=node.untrusted_images, jobs_as=node.jobs_as,
                                drain_since=node.drain_since, drain_deadline=node.drain_deadline,
                                removing=node.remove_when_drained, tasks=tasks[node.id]))
+    return out
+
+
+def backend_nodes(cache: ClusterCache) -> list[api.NodeOut]:
+    """The nodes a cluster backend (Kubernetes: server/kube) put in the scheduler's cache, as `list_nodes` shows
+    agents' nodes: its jobs_as says "kubernetes", its GPUs' allocation is what the cache holds on them."""
+    out = []
+    with cache.lock:
+        for entry in sorted(cache.nodes.values(), key=lambda e: e.spec.name):
+            if not entry.node_id.startswith(POD_PREFIX):
+                continue
+            i = cache.table.index[entry.spec.name]
+            free = cache.table.states[i].gpu_free
+            gpus = [api.GpuOut(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
+                               allocated_milli=1000 - free[g.index]) for g in entry.spec.gpus]
+            out.append(api.NodeOut(name=entry.spec.name, state="ready" if entry.schedulable else "unschedulable",
+                                   cordoned=not entry.schedulable, cpu_milli=entry.spec.cpu_milli,
+                                   memory_mib=entry.spec.memory_mib, site=entry.spec.site, gpus=gpus, last_seen=None,
+                                   jobs_as="kubernetes"))
     return out
 
 

@@ -1,5 +1,5 @@
 """Filter: the node has the CPU, memory, GPU model and free GPUs (or GPU fraction, free or shared within the
-task's group) the task needs, and takes untrusted images if the task runs one."""
+task's group) the task needs, takes untrusted images if the task runs one, and has the constraint tags it asks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from gpupool.core.model import TaskShape
 from gpupool.core.nodes import NodeKind, NodeState
 
 _UNRESOLVABLE = ("GPU model not allowed", "too few GPUs on node", "node unschedulable",
-                 "node refuses untrusted images")
+                 "node refuses untrusted images",
+                 "node constraints not met")
 
 
 class GpuFitFilter(FilterPlugin):
