@@ -179,6 +179,7 @@ def test_why_gives_a_reservation_time_as_iso_and_names_its_holder():
     wide = result.pending["wide"]
     assert wide.at == NOW + 83 and "from 1970-01-01T00:18:03Z" in wide.message and "t=" not in wide.message
     assert "a guess" in wide.message  # it rests on tasks of unknown length
+    assert wide.holder == "half" and "when job half and 1 more running there ends" in wide.message  # who holds it
     table = table_of(make_node("n1", gpus=2))
     running = {}
     running["k/0"] = replace(run_on(table, running, "n1", "k/0", ONE), expected_end=NOW + 100)
@@ -189,6 +190,7 @@ def test_why_gives_a_reservation_time_as_iso_and_names_its_holder():
     assert small.kind is PendingKind.RESERVED_FOR and small.holder == "wide" and small.at == NOW + 100
     assert "reserved for job wide from 1970-01-01T00:18:20Z" in small.message
     assert "a guess" not in result.pending["wide"].message
+    assert result.pending["wide"].holder == "k" and "when job k running there ends" in result.pending["wide"].message
 
 
 def test_a_task_no_node_could_take_is_told_why_not_that_the_node_is_reserved():

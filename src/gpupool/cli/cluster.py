@@ -19,7 +19,7 @@ from gpupool.cli.node_state import state_text
 from gpupool.cli.render import console, error, line, quota, show, text
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
-               ("gpus", "gpus"), ("tasks", "tasks"), ("attempt", "attempt"), ("submitted", "submitted_at")]
+               ("gpus", "gpus"), ("tasks", "tasks"), ("attempt", "attempt"), ("age", "submitted_at")]
 job_app = typer.Typer(no_args_is_help=True, help="Inspect or change one job.")
 queue_app = typer.Typer(no_args_is_help=True, help="Manage queues.")
 node_app = typer.Typer(no_args_is_help=True, help="Operate nodes.")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,6 +26,12 @@ STATE_STYLE = {"running": "green", "pending": "yellow", "scheduled": "cyan", "fa
 ID = re.compile(r"[0-9a-f]{32}")
 #: the shortest id prefix a table shows (the dashboard's)
 SHORT_ID = 12
+#: a time as the API gives it (ISO 8601, UTC); a table shows it to the second
+TIME = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?(Z|\+00:00)")
+#: times a table shows as their age, as kubectl's AGE column does (--json keeps the time)
+AGES = frozenset({"submitted_at", "last_seen"})
+#: cells up to this long (states, queue names, counts) are never broken across lines
+SHORT_CELL = 10
 #: Python reprs that must never reach a user (tests/conftest.py checks every CLI test's output for them)
 REPRS = ("{'", "['", "Value error,")
 
@@ -77,7 +85,24 @@ def text(value: Any) -> str:
             f"{k}={text(v)}" for k, v in value.items())
     if isinstance(value, list | tuple | set):
         return ", ".join(text(v) for v in value)
+    if isinstance(value, str) and (when := TIME.fullmatch(value)):
+        return f"{when[1]} {when[2]}"
     return str(value)
+
+
+def age(value: Any, now: datetime) -> str:
+    """An API time as its age: "45s", "12m", "3h", "2d" (empty when unset; the time itself when unreadable)."""
+    if not value:
+        return ""
+    try:
+        then = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return text(value)
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def short_ids(ids: Sequence[str]) -> dict[str, str]:
@@ -98,16 +123,34 @@ def show(data: Any, as_json: bool, columns: Sequence[tuple[str, str]] | None = N
     if as_json or columns is None:
         console.print_json(json.dumps(data, default=str))
         return
-    cells = [[text(row.get(key)) for _, key in columns] for row in data]
+    now = datetime.now(UTC)
+    cells = [[age(row.get(key), now) if key in AGES else text(row.get(key)) for _, key in columns] for row in data]
     shorter = {} if wide else short_ids(sorted({c for row in cells for c in row if ID.fullmatch(c)}))
-    table = Table(title=title or None)
-    for i, (header, _) in enumerate(columns):
-        ids = [row[i] for row in cells if ID.fullmatch(row[i])]
-        width = max((len(shorter.get(c, c)) for c in ids), default=0)
-        table.add_column(header, no_wrap=bool(ids), min_width=width or None, overflow="fold")
+    table = Table(title=title or None, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for (header, _), width, whole in zip(columns, *_widths(columns, cells, shorter), strict=True):
+        table.add_column(header, no_wrap=whole, min_width=width or None, overflow="fold")
     for row in cells:
         table.add_row(*(_styled(key, shorter.get(cell, cell)) for (_, key), cell in zip(columns, row, strict=True)))
     console.print(table)
+
+
+def _widths(columns: Sequence[tuple[str, str]], cells: list[list[str]],
+            shorter: dict[str, str]) -> tuple[list[int], list[bool]]:
+    """Each column's least width and whether it is kept whole: an id column always (never cut); a column of short
+    cells (states, names, counts) too, from the left, while the table still fits the terminal, so "pending" never
+    reads "pendin g"."""
+    ids = [max((len(shorter.get(row[i], row[i])) for row in cells if ID.fullmatch(row[i])), default=0)
+           for i in range(len(columns))]
+    short = [0 if ids[i] else max([len(header), *(len(row[i]) for row in cells)])
+             for i, (header, _) in enumerate(columns)]
+    short = [width if width <= SHORT_CELL else 0 for width in short]
+    room = console.width - sum(ids) - 3 * len(columns) + 3 - 4 * sum(1 for i in ids if not i)
+    for i, width in enumerate(short):  # kept whole from the left while the table still fits the terminal
+        if width and width - 4 > room:
+            short[i] = 0
+        elif width:
+            room -= width - 4
+    return [i or s for i, s in zip(ids, short, strict=True)], [bool(i or s) for i, s in zip(ids, short, strict=True)]
 
 
 def _styled(key: str, cell: str) -> str:

@@ -81,7 +81,7 @@ class AllocateAction(Action):
                         continue
                     reservation = plan.reserve(job)
                     if reservation is not None:
-                        cycle.block(job, _waiting_for(reservation))
+                        cycle.block(job, _waiting_for(cycle, reservation))
                         continue
                 stuck[job.id] = (job, reason)
                 continue
@@ -133,12 +133,19 @@ def _fits_unfenced(cycle: Cycle, job: JobSpec, failed: Failed) -> bool:
         return _place_tasks(cycle, job, stmt, failed, frozenset()) is None
 
 
-def _waiting_for(reservation: Reservation) -> PendingReason:
-    """A job that holds a reservation: from when (a guess that may move later, unless its start is firm)."""
+def _waiting_for(cycle: Cycle, reservation: Reservation) -> PendingReason:
+    """A job that holds a reservation: from when (a guess that may move later, unless its start is firm), and the
+    jobs running on the reserved nodes, whose ends it waits for (the first is the reason's holder)."""
+    index = cycle.workspace.table.index
+    holders = sorted({t.job_id for t in cycle.workspace.snapshot.running.values()
+                      if index[t.node] in reservation.nodes})
+    more = f" and {len(holders) - 1} more" if len(holders) > 1 else ""
+    waits = f", when job {holders[0]}{more} running there ends" if holders else ""
     guess = "" if reservation.firm else (" (a guess: it waits for tasks of unknown length or past their estimate, "
                                          "so it holds nothing against jobs that fit now)")
     return PendingReason(PendingKind.BACKFILL_WINDOW, f"holds a reservation on {len(reservation.nodes)} node(s) from "
-                                                      f"{iso_utc(reservation.start)}{guess}", at=reservation.start)
+                                                      f"{iso_utc(reservation.start)}{waits}{guess}",
+                         at=reservation.start, holder=holders[0] if holders else "")
 
 
 def place_gang(cycle: Cycle, job: JobSpec, stmt: Statement, failed: Failed,
