@@ -130,6 +130,12 @@ def test_a_gang_the_full_cluster_has_no_room_for_waits_for_room_with_a_reservati
     assert result.pending["gang"].at == 1300
     # the free GPU stays free for the gang: "small" would still run at t=1300
     assert result.pending["small"].kind is PendingKind.RESERVED_FOR and result.decisions == ()
+    assert result.reserved_milli == 1000  # SOR counts that idle, held GPU
+
+
+def test_a_guessed_reservation_holds_no_idle_gpu_in_sor():
+    result = _sliding_case((83.0, 83.0))
+    assert result.pending["wide"].kind is PendingKind.BACKFILL_WINDOW and result.reserved_milli == 0
 
 
 def _sliding_case(ages: tuple[float, float], estimate_end: float | None = None):

@@ -77,6 +77,7 @@ def test_approving_from_the_overview_moves_the_job_to_pending_and_the_pending_co
     expect(count).to_have_text(str(before + 1))
 
     for tile, words, spelled in (("gar", "GPUs allocated (GAR)", "GPU allocation rate"),
+                                 ("sor", "GPUs allocated or held (SOR)", "scheduling occupancy rate"),
                                  ("gfr", "Nodes partly allocated (GFR)", "GPU fragmentation rate")):
         label = page.locator(f"#total-{tile} .tile-label")
         expect(label).to_have_text(words)

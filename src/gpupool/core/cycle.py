@@ -27,6 +27,8 @@ class CycleResult:
     pending: Mapping[str, PendingReason]
     #: GPU-unit fair share per queue this cycle (empty without queues)
     fair_shares: Mapping[str, int]
+    #: GPU milli left idle on nodes a firm reservation holds for a waiting job (SOR's part above GAR)
+    reserved_milli: int = 0
 
 
 def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,
@@ -42,11 +44,20 @@ def run_cycle(snapshot: ClusterSnapshot, framework: Framework, *, clock: Clock,
             # 1. Run the profile's actions in order, least disruptive first.
             for action in framework.actions:
                 action.execute(cycle)
+            reserved = _held_idle(cycle)
         finally:
             # 2. Hand the snapshot back exactly as received; the caller applies the decisions.
             cycle.workspace.restore()
         # 3. Decisions out, plus a reason for every job still pending.
-        return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares))
+        return CycleResult(tuple(cycle.decisions), dict(cycle.pending), dict(cycle.fair_shares), reserved)
     finally:
         if collecting:
             gc.enable()
+
+
+def _held_idle(cycle: Cycle) -> int:
+    """GPU milli still free, after this cycle's placements, on the nodes its firm reservations hold: capacity the
+    scheduler keeps from other work for a waiting job (a guessed reservation holds nothing, see `Reservation`)."""
+    held = {i for r in cycle.reservations if r.firm for i in r.nodes}
+    states = cycle.workspace.table.states
+    return sum(states[i].gpu_idle for i in held)

@@ -655,8 +655,11 @@ class SampleOut(_Response):
     gpus: float
     allocated: float
     used: float
+    reserved: float = Field(default=0.0, description="GPUs idle but held by a reservation for a waiting job")
     gar: float
     gfr: float
+    sor: float = Field(default=0.0, description="scheduling occupancy: GPUs allocated or held for a waiting job, "
+                                                "over all GPUs (ALGORITHMS.md 1.2; at or above gar)")
 
 
 class AuditOut(_Response):

@@ -676,6 +676,7 @@ class AgentHub:
             used = sum(t.utilization_pct for tele in self.telemetry.values() for t in tele) / 100
             session.merge(ClusterSample(at=now.replace(microsecond=0), gpus=figures.capacity_milli / 1000,
                                         allocated=figures.allocated_milli / 1000, used=used,
+                                        reserved=self.cache.reserved_milli / 1000,
                                         fragmented_nodes=figures.fragmented_nodes, gpu_nodes=figures.nodes))
 
     def took_over(self) -> None:

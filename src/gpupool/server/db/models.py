@@ -374,6 +374,8 @@ class ClusterSample(Base):
     gpus: Mapped[float] = mapped_column(Float)
     allocated: Mapped[float] = mapped_column(Float)
     used: Mapped[float] = mapped_column(Float)
+    #: GPUs idle but held by a reservation for a waiting job (allocated + reserved over gpus is SOR)
+    reserved: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     fragmented_nodes: Mapped[int] = mapped_column()
     gpu_nodes: Mapped[int] = mapped_column()
 

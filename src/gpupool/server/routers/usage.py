@@ -142,6 +142,7 @@ def cluster_samples(who: Caller, db: Db, start: Annotated[api.Moment | None, Que
     frm, to = _window(start, end)
     rows = list(db.scalars(select(ClusterSample).where(ClusterSample.at >= frm, ClusterSample.at < to)
                            .order_by(ClusterSample.at.desc()).limit(10_000)))[::-1]
-    return [api.SampleOut(at=r.at, gpus=r.gpus, allocated=r.allocated, used=r.used,
+    return [api.SampleOut(at=r.at, gpus=r.gpus, allocated=r.allocated, used=r.used, reserved=r.reserved,
                           gar=r.allocated / r.gpus if r.gpus else 0.0,
+                          sor=(r.allocated + r.reserved) / r.gpus if r.gpus else 0.0,
                           gfr=r.fragmented_nodes / r.gpu_nodes if r.gpu_nodes else 0.0) for r in rows]

@@ -54,6 +54,8 @@ class ClusterCache:
         self.by_task: dict[str, str] = {}  # task id -> allocation id
         self.used_slots: dict[str, set[int]] = {}
         self.generation = 0
+        #: GPU milli the latest cycle left idle on nodes held for a waiting job (sampled as SOR's part above GAR)
+        self.reserved_milli = 0
 
     def set_nodes(self, entries: list[NodeEntry], source: str = "agents") -> None:
         """Replace the nodes of `source` (join, leave, GPU change; agents' nodes and a cluster backend's are kept

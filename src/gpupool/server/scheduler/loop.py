@@ -161,6 +161,7 @@ class SchedulerLoop:
             waiting = {j: r for j, r in waiting.items() if not j.startswith(POD_PREFIX)}
         self._record_reasons(waiting, self.lease.epoch)
         self.fair_shares = dict(result.fair_shares)
+        self.cache.reserved_milli = result.reserved_milli
         self.cycles += 1
         if self.metrics is not None:
             self.metrics.observe_cycle(seconds, len(result.decisions), result.fair_shares,

@@ -1,7 +1,7 @@
 // Overview, for an operator's morning: what waits and for how long, jobs awaiting approval (with Approve and Deny for
 // those allowed), nodes needing attention, budgets and their burn (panels/), then the cluster's figures over time
 // from GET /cluster/samples: current totals, the allocation and fragmentation rates named in words (the acronyms
-// GAR and GFR in tooltips), and GPUs allocated vs used vs capacity. Each panel is one API call per refresh.
+// GAR, SOR and GFR in tooltips), and GPUs allocated vs used vs capacity. Each panel is one API call per refresh.
 
 import { api } from '../api.js';
 import { lineChart } from '../charts.js';
@@ -37,6 +37,8 @@ export const RATES = {
   gar: { words: 'GPUs allocated', hint: 'GAR, the GPU allocation rate: GPUs allocated / GPUs of schedulable nodes' },
   gfr: { words: 'Nodes partly allocated', hint: 'GFR, the GPU fragmentation rate: the share of GPU nodes with some '
     + 'but not all of their GPUs allocated (free GPUs there fit only small jobs)' },
+  sor: { words: 'GPUs allocated or held', hint: 'SOR, the scheduling occupancy rate: GPUs allocated, plus idle GPUs '
+    + 'the scheduler holds for a waiting job (a reservation), over all GPUs; SOR above GAR is capacity held back' },
 };
 
 function draw(samples) {
@@ -47,13 +49,16 @@ function draw(samples) {
       tile('Allocated', gpus(last.allocated), `of ${gpus(last.gpus)} GPUs`, 'total-allocated'),
       tile('Busy', gpus(last.used), 'GPUs of work: utilisation summed', 'total-used'),
       tile(`${RATES.gar.words} (GAR)`, percent(last.gar), 'allocated / capacity', 'total-gar', RATES.gar.hint),
+      tile(`${RATES.sor.words} (SOR)`, percent(last.sor), `${gpus(last.reserved)} GPUs held for waiting jobs`,
+        'total-sor', RATES.sor.hint),
       tile(`${RATES.gfr.words} (GFR)`, percent(last.gfr), 'of GPU nodes', 'total-gfr', RATES.gfr.hint)]
     : [h('p', { class: 'muted' }, 'No samples yet: the control plane records one every metering interval.')];
   const rates = lineChart([
     { name: `${RATES.gar.words} (GAR)`, points: points.map((p) => [p.t, p.gar]), area: true },
+    { name: `${RATES.sor.words} (SOR)`, points: points.map((p) => [p.t, p.sor]) },
     { name: `${RATES.gfr.words} (GFR)`, points: points.map((p) => [p.t, p.gfr]) },
   ], { yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%`, valueFormat: percent,
-    caption: 'Share of GPUs allocated, and of GPU nodes partly allocated' });
+    caption: 'Share of GPUs allocated (and held for waiting jobs), and of GPU nodes partly allocated' });
   const amounts = lineChart([
     { name: 'allocated GPUs', points: points.map((p) => [p.t, p.allocated]), area: true },
     { name: 'used GPUs', points: points.map((p) => [p.t, p.used]), area: true },
