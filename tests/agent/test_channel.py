@@ -16,17 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpupool.agent.channel import (
-    Channel,
-    ChannelConfig,
-    CredentialRejected,
-    RegistrationError,
-    endpoint,
-    node_gpu_uuids,
-    register,
-)
+from gpupool.agent.channel import Channel, ChannelConfig, node_gpu_uuids
 from gpupool.agent.clock import ManualClock
+from gpupool.agent.connection import CredentialRejected
 from gpupool.agent.devices import FakeDiscovery
+from gpupool.agent.registration import RegistrationError, endpoint, register
 from gpupool.agent.runtime import ProcessRuntime
 from gpupool.agent.runtime.process import DEFAULT_PATH
 from gpupool.protocol.agent import Ack, Launch, Registration, RegistrationReply, Rejected, Stop

@@ -61,7 +61,7 @@ from gpupool.devtools.harness import (
     wait_ready,
 )
 from gpupool.protocol.agent import Hello
-from gpupool.server.agent_hub import AgentHub
+from gpupool.server.agents import AgentHub
 from gpupool.server.check import run_checks
 from gpupool.server.scheduler.cache import ClusterCache
 from gpupool.server.settings import Settings

@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 
 from gpupool.devtools.figures import figure
 from gpupool.devtools.harness import Postgres, Server, start_server, stop_server
-from gpupool.server import agent_hub, auth
+from gpupool.server import agents, auth
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Job, Org, Project, Token, User
 from gpupool.server.guard import FailureWindow, TokenBuckets
@@ -267,7 +267,7 @@ def test_tokens_are_compared_in_constant_time_or_looked_up_by_hash(monkeypatch: 
         with pytest.raises(auth.HTTPException):
             auth.resolve(session, token[:-1] + ("A" if token[-1] != "A" else "B"))
     assert calls and all(a == auth.hash_secret(token) for a, _ in calls)
-    assert "compare_digest" in inspect.getsource(agent_hub.AgentHub.register)
+    assert "compare_digest" in inspect.getsource(agents.AgentHub.register)
     assert "Token.prefix ==" in inspect.getsource(auth.resolve)
 
 

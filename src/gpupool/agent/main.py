@@ -51,18 +51,11 @@ from functools import partial
 from pathlib import Path
 
 from gpupool.agent import toolkit
-from gpupool.agent.channel import (
-    Channel,
-    ChannelConfig,
-    CredentialRejected,
-    RegistrationError,
-    endpoint,
-    locate_leader,
-    register,
-    websocket_connector,
-)
+from gpupool.agent.channel import Channel, ChannelConfig
 from gpupool.agent.clock import WallClock
+from gpupool.agent.connection import CredentialRejected, websocket_connector
 from gpupool.agent.devices import DeviceDiscovery, open_discovery
+from gpupool.agent.registration import RegistrationError, endpoint, locate_leader, register
 from gpupool.agent.runtime.container import DEFAULT_USER, open_runtime, podman_path
 from gpupool.agent.runtime.identity import JobIdentity, TransientUsers, open_identity
 from gpupool.agent.runtime.uids import DEFAULT_RANGE

@@ -174,6 +174,21 @@ class NodeTable:
     faster than the pair, and indexes an array). Once _KEY_LIMIT pairs have been named, the table numbers the
     pairs of its nodes again from 0 and drops everything in `derived`: readers keep their key caches there,
     so no cache outlives the numbering it was made under. `numbering` counts the numberings so far.
+
+    Its caches, each an invariant a test checks:
+
+    - `_key_ids` (with `keys`, `_key_array`): equal (kind, state) pairs share a key and different pairs never do,
+      before and after a renumbering; `key_array()` equals `keys`, and every key is below `key_count`
+      (tests/core/test_placement_cache.py::test_node_keys_name_kind_and_state).
+    - `derived`: readers' caches (the placement engine's scores and picks, `take`'s memory, the cycle's capacity);
+      emptied on every renumbering, so a value in it is always one made under the current numbering (the same
+      test, and test_scores_stay_exact_across_a_renumbering).
+    - `take`'s memory (`derived[NodeTable.take]`, at most MOVES_KEPT entries): (key before, shape) -> (shares, state
+      after, key after), replayed only for the very shares object it was made for, so the node ends exactly as
+      `NodeState.take` leaves it (test_a_remembered_placement_is_reused_only_for_the_same_shares_object).
+    - `_log`: the node index of each of the last changes, oldest first; `changed_since(seq)` answers from it only
+      when it still reaches back to `seq`, else None (readers then gather every node again: the "patched, short
+      log" cases of test_cached_scores_match_fresh_evaluation).
     """
 
     def __init__(self, specs: Iterable[NodeSpec]) -> None:

@@ -21,7 +21,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from gpupool.protocol.agent import MAX_FRAME_BYTES
-from gpupool.server.agent_hub import AgentHub, Refused
+from gpupool.server.agents import AgentHub, Refused
 from gpupool.server.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -40,8 +40,8 @@ from gpupool.core import DeviceShare
 from gpupool.protocol.agent import Registration, RegistrationReply
 from gpupool.protocol.signing import key_hash
 from gpupool.server import agent_ca, guard, headers, pool_keys, unavailable
-from gpupool.server.agent_hub import AgentHub
 from gpupool.server.agent_listener import AgentListener
+from gpupool.server.agents import AgentHub
 from gpupool.server.auth import principal_from, require
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, AllocationSlot, Job

@@ -43,6 +43,20 @@ PATCH_MOST = 16
 
 
 class _ShapeScores:
+    """One task shape's cached placement values on one table (`table.derived[placer][shape]`), keyed by the
+    table's node keys, which name (kind, state) pairs; every plugin is a pure function of (kind, state, shape).
+
+    Invariants (tests/core/test_placement_cache.py: test_cached_scores_match_fresh_evaluation over every policy,
+    patched and gathered; test_scores_stay_exact_across_a_renumbering):
+
+    - `by_key[k]` is UNKNOWN or exactly what `Placer._evaluate` gives a node whose pair key `k` names; `picks[k]`
+      is what a device plugin that draws no random numbers picks for it. Both are dropped with `derived` when the
+      table numbers its pairs again, so no entry outlives the numbering it was made under.
+    - When `seen == table.seq`, `scores[i] == by_key[keys[i]]` for every node i, except that after a gather
+      (`unresolved`) `scores` may hold UNKNOWN, which `Placer._resolved` evaluates before any score is read.
+    - `explained` holds the reasons tally of `scores` as they were at table seq `explained_at`.
+    """
+
     __slots__ = ("scores", "by_key", "picks", "seen", "unresolved", "explained", "explained_at")
 
     def __init__(self, n: int) -> None:
@@ -58,8 +72,10 @@ class _ShapeScores:
 class Placer:
     """Filters + weighted scores + a device plugin + a tie-break rule, with per-table caches.
 
-    Caches live in `table.derived` under this Placer, so one Placer can serve many tables and a
-    table can serve many Placers. Results are exact: a cached score equals a fresh evaluation.
+    Caches live in `table.derived` under this Placer (one `_ShapeScores` per shape: its docstring states the
+    invariants and the tests that check them), so one Placer can serve many tables and a table can serve many
+    Placers. Results are exact: a cached score equals a fresh evaluation. Nothing outside this module reads the
+    caches; callers see only `scores`, `choose`, `pick` and `explain`.
     """
 
     def __init__(
