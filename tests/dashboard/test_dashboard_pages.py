@@ -196,7 +196,7 @@ def test_every_page_renders_without_script_errors(tab: Tab, live: Live, research
 def _cancel_from_the_job_page(tab: Tab, live: Live) -> None:
     """A pending job that can never fit (64 GPUs, held by a queue that lets such jobs wait): why it waits, then
     cancel it (two clicks)."""
-    live.ok(live.operator.post("/queues", json={"name": "ondemand", "hold_unsatisfiable": True}), 201)
+    live.ok(live.operator.post("/queues", json={"name": "ondemand", "org": "default", "hold_unsatisfiable": True}), 201)
     job = live.submit(command=["true"], gpus="64", name="too-big", queue="ondemand")
     wait_for(lambda: live.ok(live.operator.get(f"/jobs/{job['id']}/why"))["kind"] != "queued", 10, "a reason")
     page = tab.page

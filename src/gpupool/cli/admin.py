@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.client import ApiError, Client
-from gpupool.cli.cluster import fail
+from gpupool.cli.client import Client
+from gpupool.cli.cluster import refused
 from gpupool.cli.render import line, show
 
 org_app = typer.Typer(no_args_is_help=True, help=(
@@ -38,27 +38,21 @@ def audit(actor: str | None = typer.Option(None, help="a user or node id"),
     rows: list[dict[str, Any]] = []
     filters = {"actor": actor, "org": org, "method": method, "route": route, "object": object_id,
                "status": status, "since": since, "until": until}
-    try:
+    with refused():
         while len(rows) < limit:
             page = client.get("/audit", **filters, cursor=cursor, limit=min(500, limit - len(rows)))
             rows += page["items"]
             cursor = page["next_cursor"]
             if not cursor:
                 break
-    except ApiError as exc:
-        fail(exc)
-        return
     show(rows, as_json, AUDIT_COLUMNS, title="audit log")
 
 
 @org_app.command("create")
 def org_create(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Create an organisation (operators): a tenant with its own projects, users, queues and budgets."""
-    try:
+    with refused():
         out = Client().post("/orgs", {"name": name})
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(out, True)
         return
@@ -71,11 +65,8 @@ def org_create(name: str, as_json: bool = typer.Option(False, "--json")) -> None
 def org_list(wide: bool = typer.Option(False, "--wide", help="whole ids"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """The organisations you may see (operators: all)."""
-    try:
+    with refused():
         rows = Client().get("/orgs")
-    except ApiError as exc:
-        fail(exc)
-        return
     show(rows, as_json, [("organisation", "name"), ("id", "id")], title="organisations", wide=wide)
 
 
@@ -104,15 +95,12 @@ def org_ceiling(name: str,
     """Show an organisation's ceiling, or (operators) change the parts given: what its tenant admins may grant its
     queues. Without one: no guarantee, any limit, weight 1, priority at most 0."""
     client = Client()
-    try:
+    with refused():
         current = client.get(f"/orgs/{name}/ceiling")
         body = _ceiling_body(current, guaranteed_gpus, guaranteed_cpus, guaranteed_memory_mib, limit_gpus, no_limit,
                              weight, max_priority)
         if body is not None:
             current = client.request("PUT", f"/orgs/{name}/ceiling", json=body).json()
-    except ApiError as exc:
-        fail(exc)
-        return
     show(current if as_json else [current], as_json, CEILING_COLUMNS, title=f"ceiling of {name}")
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.client import ApiError, Client, saved_data_dir
-from gpupool.cli.cluster import fail, print_change
+from gpupool.cli.client import Client, saved_data_dir
+from gpupool.cli.cluster import print_change, refused
 from gpupool.cli.ids import pick
 from gpupool.cli.render import console, gpu_hours, line, money, show, text
 from gpupool.protocol.csvsafe import SafeWriter
@@ -29,11 +29,8 @@ def usage(start: str | None = typer.Option(None, "--from", help="ISO date, defau
     """GPU-hours, CPU-core-hours, memory GiB-hours and cost from the metering ledger, grouped."""
     if fmt not in ("table", "csv", "json"):
         raise typer.BadParameter("choose table, csv or json", param_hint="--format")
-    try:
+    with refused():
         rows = Client().get("/usage", **{"from": start, "to": end, "by": by})
-    except ApiError as exc:
-        fail(exc)
-        return
     if fmt == "csv":
         out = io.StringIO()
         writer = SafeWriter(out, lineterminator="\n")
@@ -52,12 +49,9 @@ def usage(start: str | None = typer.Option(None, "--from", help="ISO date, defau
 def statement(project: str = typer.Option(...), month: str = typer.Option(..., help="YYYY-MM"),
               fmt: str = typer.Option("csv", "--format", help="csv or html")) -> None:
     """A project's monthly statement."""
-    try:
+    with refused():
         response = Client().request("GET", "/usage/statement", params={"project": project, "month": month,
                                                                         "format": fmt})
-    except ApiError as exc:
-        fail(exc)
-        return
     console.out(response.text, highlight=False)
 
 
@@ -70,12 +64,9 @@ def budget_create(scope: str = typer.Option(..., help="project or queue"), name:
     """Set a budget of GPU-hours or cents per period on a project or queue (one each); a hard one holds new jobs
     once spent. Undo one with `gpupool budget update` or `gpupool budget delete`."""
     _finite(gpu_hours)
-    try:
+    with refused():
         out = Client().post("/budgets", {"scope": scope, "name": name, "period": period, "gpu_hours": gpu_hours,
                                          "cents": cents, "hard": hard})
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out, True) if as_json else line(f"created {_budget_words(out)}")
 
 
@@ -104,11 +95,8 @@ BUDGET_COLUMNS = [("scope", "scope"), ("name", "name"), ("period", "period"), ("
 def budget_list(wide: bool = typer.Option(False, "--wide", help="whole ids"),
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Budgets with what their period used so far."""
-    try:
+    with refused():
         rows = Client().get("/budgets")
-    except ApiError as exc:
-        fail(exc)
-        return
     if not as_json:
         rows = [r | {"amount": _amount(r), "used": f"{gpu_hours(r['used_gpu_hours'])} GPU-hours" if r["gpu_hours"]
                      is not None else money(r["used_cents"], r.get("currency", "USD"))} for r in rows]
@@ -140,11 +128,8 @@ def budget_update(budget: str = BUDGET_ARGUMENT, period: str | None = typer.Opti
     body = {k: v for k, v in {"period": period, "gpu_hours": gpu_hours, "cents": cents, "hard": hard}.items()
             if v is not None}
     client = Client()
-    try:
+    with refused():
         out = client.patch(f"/budgets/{_budget_id(client, budget)}", body, dry_run=dry_run or None)
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out, True) if as_json else print_change(out, "budget", _budget_words(out["budget"]))
 
 
@@ -154,11 +139,8 @@ def budget_delete(budget: str = BUDGET_ARGUMENT,
                   as_json: bool = typer.Option(False, "--json")) -> None:
     """Delete a budget; the jobs a hard one held may start at once."""
     client = Client()
-    try:
+    with refused():
         out = client.delete(f"/budgets/{_budget_id(client, budget)}", dry_run=dry_run or None)
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out, True) if as_json else print_change(out, "budget", _budget_words(out["budget"]))
 
 
@@ -167,11 +149,8 @@ def samples(start: str | None = typer.Option(None, "--from", help="ISO date or t
             as_json: bool = typer.Option(False, "--json")) -> None:
     """The cluster's figures over time, as the control plane sampled them: GPUs, allocated, used, GPU allocation
     rate (GAR: allocated / GPUs) and GPU fragmentation rate (GFR: share of GPU nodes partly allocated)."""
-    try:
+    with refused():
         rows = Client().get("/cluster/samples", **{"from": start, "to": end})
-    except ApiError as exc:
-        fail(exc)
-        return
     if not as_json:
         rows = [r | {"gar": f"{100 * r['gar']:.1f}%", "gfr": f"{100 * r['gfr']:.1f}%",
                      "used": text(round(r["used"], 2))} for r in rows]
@@ -183,11 +162,8 @@ def samples(start: str | None = typer.Option(None, "--from", help="ISO date or t
 @price_app.command("set")
 def price_set(model: str, cents_per_gpu_hour: int, as_json: bool = typer.Option(False, "--json")) -> None:
     """The price of one GPU of `model` for an hour, in cents of the pool's currency."""
-    try:
+    with refused():
         out = Client().request("PUT", "/prices", json={"model": model, "cents_per_gpu_hour": cents_per_gpu_hour})
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out.json(), True) if as_json else line(f"{model}: {cents_per_gpu_hour} cents per GPU-hour")
 
 
@@ -204,27 +180,21 @@ def price_memory(cents_per_gib_hour: int, as_json: bool = typer.Option(False, "-
 
 
 def _resource_price(resource: str, cents: int, unit: str, as_json: bool) -> None:
-    try:
+    with refused():
         out = Client().request("PUT", "/resource-prices", json={"resource": resource, "cents_per_hour": cents})
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out.json(), True) if as_json else line(f"{resource}: {cents} cents per {unit}")
 
 
 @price_app.command("list")
 def price_list(as_json: bool = typer.Option(False, "--json")) -> None:
     """Every price: per GPU model (per GPU-hour), per CPU-core-hour and per GiB-hour of memory."""
-    try:
+    with refused():
         client = Client()
         rows = [{"what": p["model"], "cents_per_hour": p["cents_per_gpu_hour"], "per": "GPU-hour"}
                 for p in client.get("/prices")]
         rows += [{"what": p["resource"], "cents_per_hour": p["cents_per_hour"],
                   "per": "CPU-core-hour" if p["resource"] == "cpu" else "GiB-hour"} for p in client.get(
             "/resource-prices")]
-    except ApiError as exc:
-        fail(exc)
-        return
     show(rows, as_json, [("what", "what"), ("cents", "cents_per_hour"), ("per", "per")], title="prices (cents of the "
          "pool's currency)")
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import typer
@@ -35,6 +36,15 @@ def fail(exc: ApiError) -> None:
         traceback.print_exception(exc.cause)
     error(str(exc.detail))
     raise typer.Exit(1 if exc.status else 3)
+
+
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """Run the block's requests; a refused one or a control plane out of reach ends the command (`fail`)."""
+    try:
+        yield
+    except ApiError as exc:
+        fail(exc)
 
 
 def job_id(client: Client, given: str) -> str:
@@ -126,12 +136,9 @@ def submit(
             "max_disconnect_s": _seconds(max_disconnect, "--max-disconnect"),
             "tags": _pairs(tag, "--tag"), "secret_env": _secrets(secret_env)}
     client = Client()
-    try:
+    with refused():
         job = client.post("/jobs", {k: v for k, v in body.items() if v is not None},
                           headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(job, True)
     else:
@@ -156,11 +163,8 @@ def jobs(state: str | None = typer.Option(None), queue: str | None = typer.Optio
              "whole ids (the table shows unique prefixes, which every command takes)")),
          as_json: bool = typer.Option(False, "--json")) -> None:
     """List jobs, newest first."""
-    try:
+    with refused():
         page = Client().get("/jobs", state=state, queue=queue, project=project, tag=tag, limit=limit)
-    except ApiError as exc:
-        fail(exc)
-        return
     show(page["items"], as_json, JOB_COLUMNS, title="jobs", wide=wide)
 
 
@@ -246,14 +250,12 @@ def job_deny(job: str = JOB_ID, note: str = typer.Option(""), as_json: bool = ty
 
 def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     """Queues with guarantees, usage, fair share and pending jobs."""
-    try:
+    with refused():
         show(Client().get("/queues"), as_json, [("queue", "name"), ("org", "org"), ("parent", "parent"),
                                                 ("guaranteed", "guaranteed"), ("limit", "limit"),
                                                 ("used GPUs", "used_gpus"),
                                                 ("fair share", "fair_share_gpus"), ("pending", "pending_jobs"),
                                                 ("running", "running_jobs")], title="queues")
-    except ApiError as exc:
-        fail(exc)
 
 
 @queue_app.command("create")
@@ -278,11 +280,8 @@ def queue_create(name: str, parent: str | None = typer.Option(None),
                                "guaranteed": {"gpus": guaranteed_gpus} if guaranteed_gpus else {}}
     if limit_gpus:
         body["limit"] = {"gpus": limit_gpus}
-    try:
+    with refused():
         queue = Client().post("/queues", {k: v for k, v in body.items() if v is not None})
-    except ApiError as exc:
-        fail(exc)
-        return
     show(queue, True) if as_json else print_queue("created", queue)
 
 
@@ -314,7 +313,7 @@ def queue_update(name: str, org: str | None = typer.Option(None, help="the queue
     child never guarantees more than its parent allows; a guarantee above the pool's capacity is warned about (or
     refused, by the setting quota_above_capacity)."""
     client = Client()
-    try:
+    with refused():
         current = _queue(client, name, org)
         body: dict[str, Any] = {"over_quota_weight": weight, "priority": priority,
                                 "approval_above_gpus": approval_above_gpus, "max_disconnect_s": max_disconnect,
@@ -326,9 +325,6 @@ def queue_update(name: str, org: str | None = typer.Option(None, help="the queue
         if no_limit or limit_gpus is not None:
             body["limit"] = None if no_limit else {**(current["limit"] or {}), "gpus": limit_gpus}
         out = client.patch(f"/queues/{name}", body, org=org, dry_run=dry_run or None)
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out, True) if as_json else print_change(out, "queue", name)
 
 
@@ -339,11 +335,8 @@ def queue_delete(name: str, org: str | None = typer.Option(None, help="the queue
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Delete a queue (and its budget). Refused while it has child queues or placed jobs; its waiting jobs move to
     --move-to."""
-    try:
+    with refused():
         out = Client().delete(f"/queues/{name}", org=org, move_to=move_to, dry_run=dry_run or None)
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out, True) if as_json else print_change(out, "queue", name)
 
 
@@ -377,11 +370,8 @@ JOBS_AS = {"dynamic-uid": "dynamic uid", "local-user": "local user", "agent-user
 
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     """Nodes and their GPUs (allocated fraction, utilisation, temperature), and who their process jobs run as."""
-    try:
+    with refused():
         data = Client().get("/nodes")
-    except ApiError as exc:
-        fail(exc)
-        return
     for node in data:
         node["gpu_summary"] = ", ".join(f"{g['model']}:{g['allocated_milli'] / 1000:g}" for g in node["gpus"])
         if not as_json:
@@ -393,87 +383,71 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
 
 @node_app.command("cordon")
 def node_cordon(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
+    with refused():
         nodes = Client().post(f"/nodes/{name}/cordon")
         if as_json:
             show(nodes, True)
             return
         console.print(f"node {name} cordoned: no new work")
-    except ApiError as exc:
-        fail(exc)
 
 
 @node_app.command("uncordon")
 def node_uncordon(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    try:
+    with refused():
         nodes = Client().post(f"/nodes/{name}/uncordon")
         if as_json:
             show(nodes, True)
             return
         console.print(f"node {name} uncordoned")
-    except ApiError as exc:
-        fail(exc)
 
 
 @node_app.command("reset")
 def node_reset(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Take a node's identity back (operators): its certificates and credential are revoked, its agent cut off, its
     work requeued; a new join token may then register the name (a reinstalled or replaced machine)."""
-    try:
+    with refused():
         nodes = Client().post(f"/nodes/{name}/reset")
         if as_json:
             show(nodes, True)
             return
         console.print(f"node {name} reset: its agent is cut off and its work requeued; an agent may join as {name} "
                       "with a new join token")
-    except ApiError as exc:
-        fail(exc)
 
 
 @node_app.command("down")
 def node_down(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Say a node is dead (operators): its work is requeued now rather than after its max_disconnect. Only for a
     machine you know is off: work still running there would run twice. Refused while its agent is connected."""
-    try:
+    with refused():
         nodes = Client().post(f"/nodes/{name}/down")
         if as_json:
             show(nodes, True)
             return
         console.print(f"node {name} marked down: its work is requeued; it takes work again when its agent returns")
-    except ApiError as exc:
-        fail(exc)
 
 
 def top(wide: bool = typer.Option(False, "--wide", help="whole job ids"),
         as_json: bool = typer.Option(False, "--json")) -> None:
     """Who uses what, where: every GPU grant with its project, user, node and job."""
-    try:
+    with refused():
         show(Client().get("/top"), as_json, [("project", "project"), ("user", "user"), ("node", "node"),
                                              ("job", "job"), ("GPUs", "gpus"), ("models", "gpu_models"),
                                              ("since", "since")], title="who uses what, where", wide=wide)
-    except ApiError as exc:
-        fail(exc)
 
 
 def login(url: str = typer.Option(..., help="control plane URL"),
           token: str = typer.Option(..., help="API token")) -> None:
     """Save the control plane URL and your token for later commands."""
-    try:
+    with refused():
         who = Client(url, token).get("/whoami")
-    except ApiError as exc:
-        fail(exc)
-        return
     path = save_config(url, token)
     console.print(f"logged in as {who['user']} ({who['role']}, organisation {who['org']}); saved to {path}")
 
 
 def whoami(as_json: bool = typer.Option(False, "--json")) -> None:
     """Who the saved (or GPUPOOL_TOKEN's) token speaks for: user, role, organisation and projects."""
-    try:
+    with refused():
         who = Client().get("/whoami")
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(who, True)
         return
@@ -485,11 +459,8 @@ def whoami(as_json: bool = typer.Option(False, "--json")) -> None:
 def join_token_create(ttl: int = typer.Option(3600, min=60, max=86400, help="seconds"),
                       as_json: bool = typer.Option(False, "--json")) -> None:
     """A single-use token that lets one new agent join (operators)."""
-    try:
+    with refused():
         out = Client().post("/join-tokens", {"ttl_s": ttl})
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(out, True)
     else:

@@ -6,8 +6,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.client import ApiError, Client
-from gpupool.cli.cluster import _seconds, fail
+from gpupool.cli.client import Client
+from gpupool.cli.cluster import _seconds, refused
 from gpupool.cli.render import console, show
 
 WORK_COLUMNS = [("job", "job"), ("task", "task_index"), ("project", "project"), ("user", "user"),
@@ -44,11 +44,8 @@ def remove(name: str,
 
 def _act(call: Any, as_json: bool) -> None:
     """Run one node action and print its answer: the message, then the work it touches (or would) as a table."""
-    try:
+    with refused():
         out = call(Client())
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(out, True)
         return

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from gpupool.cli.client import ApiError, Client
-from gpupool.cli.cluster import _seconds, fail
+from gpupool.cli.client import Client
+from gpupool.cli.cluster import _seconds, refused
 from gpupool.cli.ids import pick
 from gpupool.cli.render import line, show
 
@@ -23,22 +23,16 @@ ORG = typer.Option(None, help="organisation name (operators; default: your own)"
 def project_create(name: str, org: str | None = ORG,
                    cost_centre: str = typer.Option("", help="shown on its statements"), as_json: bool = JSON) -> None:
     """Create a project in your organisation (or, operators, in --org)."""
-    try:
+    with refused():
         out = Client().post("/projects", {"name": name, "org": org, "cost_centre": cost_centre})
-    except ApiError as exc:
-        fail(exc)
-        return
     show(out, True) if as_json else line(f"created project {out['name']} in organisation {out['org']} ({out['id']})")
 
 
 @project_app.command("list")
 def project_list(wide: bool = WIDE, as_json: bool = JSON) -> None:
     """The projects you may see."""
-    try:
+    with refused():
         rows = Client().get("/projects")
-    except ApiError as exc:
-        fail(exc)
-        return
     show(rows, as_json, [("project", "name"), ("org", "org"), ("cost centre", "cost_centre"), ("id", "id")],
          title="projects", wide=wide)
 
@@ -49,11 +43,8 @@ def user_create(name: str, role: str = typer.Option("member", help=ROLES), org: 
                 as_json: bool = JSON) -> None:
     """Create a user with a role (operators alone create operators). Give them a token with `gpupool token create
     --user NAME`."""
-    try:
+    with refused():
         out = Client().post("/users", {"name": name, "role": role, "org": org, "projects": project})
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(out, True)
         return
@@ -65,11 +56,8 @@ def user_create(name: str, role: str = typer.Option("member", help=ROLES), org: 
 @user_app.command("list")
 def user_list(wide: bool = WIDE, as_json: bool = JSON) -> None:
     """Users of your organisation (operators: all) with their roles and projects."""
-    try:
+    with refused():
         rows = Client().get("/users")
-    except ApiError as exc:
-        fail(exc)
-        return
     show(rows, as_json, [("user", "name"), ("role", "role"), ("org", "org"), ("projects", "projects"), ("id", "id")],
          title="users", wide=wide)
 
@@ -81,11 +69,8 @@ def token_create(name: str = typer.Option("", help="what the token is for"),
                  ttl: str | None = typer.Option(None, help="lifetime: 3600, 30d, 12h (default: no expiry)"),
                  as_json: bool = JSON) -> None:
     """Create an API token; its secret is shown once. The user logs in with `gpupool login --url URL --token T`."""
-    try:
+    with refused():
         out = Client().post("/tokens", {"name": name, "user": user, "org": org, "ttl_s": _seconds(ttl, "--ttl")})
-    except ApiError as exc:
-        fail(exc)
-        return
     if as_json:
         show(out, True)
         return
@@ -101,11 +86,8 @@ TOKEN_COLUMNS = [("id", "id"), ("prefix", "prefix"), ("name", "name"), ("user", 
 @token_app.command("list")
 def token_list(wide: bool = WIDE, as_json: bool = JSON) -> None:
     """Your tokens (admins: your organisation's; operators: all), never their secrets."""
-    try:
+    with refused():
         rows = Client().get("/tokens")
-    except ApiError as exc:
-        fail(exc)
-        return
     show(rows, as_json, TOKEN_COLUMNS, title="tokens", wide=wide)
 
 
@@ -114,12 +96,9 @@ def token_revoke(token: str = typer.Argument(..., help="the token's id (or a uni
                  as_json: bool = JSON) -> None:
     """Revoke a token at once: requests with it are refused from now on."""
     client = Client()
-    try:
+    with refused():
         rows = client.get("/tokens")
         by_prefix = [r["id"] for r in rows if r["prefix"] == token]
         token_id = by_prefix[0] if len(by_prefix) == 1 else pick(token, [r["id"] for r in rows], "token")
         client.request("DELETE", f"/tokens/{token_id}")
-    except ApiError as exc:
-        fail(exc)
-        return
     show({"id": token_id, "revoked": True}, True) if as_json else line(f"revoked token {token_id}")
