@@ -147,7 +147,7 @@ def test_a_drain_deadline_survives_a_control_plane_restart(tmp_path: Path):
         cluster._client = cluster.server.client()
         assert cluster.nodes()["n0"]["drain_deadline"] is not None
 
-        evicted = wait_for(lambda: _event(cluster, long, "evicted"), 60, "the eviction after the restart")
+        evicted = wait_for(lambda: _event(cluster, long, "evicted"), 120, "the eviction after the restart")
         assert _at(evicted["at"]) >= max(deadline, killed_at), (evicted, deadline, killed_at)
         assert _running_on(cluster, long, 2) == "n1"
         pair = cluster.submit(command=["true"], gpus="1", tasks=2, name="pair")  # needs n0's GPU and n1's free one
