@@ -43,8 +43,11 @@ def test_a_bare_check_reads_the_database_gpupool_up_made(tmp_path: Path) -> None
                 if not (data / "admin.token").exists():
                     return False
                 token = (data / "admin.token").read_text().strip()
-                nodes = httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes", timeout=5,
-                                  headers={"Authorization": f"Bearer {token}"})
+                try:  # the token is written before the server binds its port
+                    nodes = httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes", timeout=5,
+                                      headers={"Authorization": f"Bearer {token}"})
+                except httpx.TransportError:
+                    return False
                 return nodes.status_code == 200 and [n["state"] for n in nodes.json()] == ["ready"]
             wait_for(ready, 90, "gpupool up's node to be ready")
             bare = check(env, elsewhere)

@@ -192,14 +192,36 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path, timeo
     raise RuntimeError("server did not become ready")
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux /proc: the socket's inode in
+    /proc/net/tcp among the process's open files)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    def target(fd: str) -> str:
+        with contextlib.suppress(OSError):  # a file closed since the listing
+            return os.readlink(f"/proc/{pid}/fd/{fd}")
+        return ""
+
+    with contextlib.suppress(OSError):
+        return any(target(fd) in inodes for fd in os.listdir(f"/proc/{pid}/fd"))
+    return False
+
+
 def start_server(data_dir: Path, database_url: str | None = None, env: dict[str, str] | None = None,
                  port: int | None = None, poll_s: float = 0.2) -> Server:
-    """Start a control plane (on a free port unless `port` is given) and wait until it is ready.
+    """Start a control plane (on a free port below the ephemeral range unless `port` is given) and wait until it
+    is ready.
 
-    A free port can be taken by a parallel test between the probe and the bind: then the other server answers
-    /readyz while this one fails to bind, so no admin token appears; the start is retried on another port."""
-    for _ in range(3):
-        chosen = port or free_port()
+    Another test can take the chosen port between the probe and the bind: then the other server answers /readyz
+    while this one fails to bind. Whose answer came is told by who holds the listening socket; on another's, this
+    start is let finish its start-up (bootstrap, admin token), fail to bind and exit, and is retried on another
+    port."""
+    for _ in range(5):
+        chosen = port or stable_port()
         process = spawn_server(data_dir, chosen, database_url, env)
         url = f"http://127.0.0.1:{chosen}"
         try:
@@ -208,9 +230,11 @@ def start_server(data_dir: Path, database_url: str | None = None, env: dict[str,
             if port is not None or "address already in use" not in str(error).lower():
                 raise
             continue
-        if (data_dir / "admin.token").exists() and process.poll() is None or port is not None:
+        if port is not None or listens(process.pid, chosen):
             token = (data_dir / "admin.token").read_text().strip()
             return Server(url, token, data_dir, process, chosen, database_url, dict(env or {}))
+        with contextlib.suppress(subprocess.TimeoutExpired):  # it fails to bind once its start-up is done
+            process.wait(timeout=60)
         kill_server(Server(url, "", data_dir, process))
     raise RuntimeError(f"no control plane started in {data_dir}: every free port was taken before it bound")
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Settings(BaseModel):
@@ -218,4 +218,17 @@ class Settings(BaseModel):
             if raw is not None:
                 values[name] = raw
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ValueError(problems(exc)) from None
+
+
+def problems(exc: ValidationError) -> str:
+    """A settings ValidationError in one line: each problem with its setting and variable, no repr of the input."""
+    found = []
+    for error in exc.errors(include_url=False):
+        message = str(error["msg"]).removeprefix("Value error, ")
+        name = str(error["loc"][0]) if error["loc"] else ""
+        found.append(f"{name} (GPUPOOL_{name.upper()}): {message}" if name else message)
+    return "; ".join(found)
