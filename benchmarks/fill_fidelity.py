@@ -1,11 +1,11 @@
 """Fill sweep on openb and its distance to the FGD artifact's published per-seed results.
 
-Each difference comes with its noise: two standard errors of a difference of two independent means, ours over our
-seeds and the artifact's over the same seed numbers (the two simulators draw different pod orders and node names
-from one seed, so runs pair by number only, not by draw). One run's allocation at 100 % varies from seed to seed by
-0.4 to 0.7 points (sd) on the saturating traces, in both simulators, so the difference of two 3-seed means moves by
-up to about +-0.8 by chance, of two 10-seed means by about +-0.4: a difference inside its noise is not evidence of a
-difference in semantics (docs/benchmarks/fill-fidelity.md, "What was left").
+Each difference comes with its noise: the half-width of a 95 % confidence interval of a difference of two
+independent means, ours over our seeds and the artifact's over the same seed numbers (the two simulators draw
+different pod orders and node names from one seed, so runs pair by number only, not by draw). One run's allocation
+at 100 % varies from seed to seed by 0.3 to 0.7 points (sd) on the saturating traces, so two 10-seed means differ
+by up to about +-0.5 by chance, and a 3-seed estimate of that noise is itself unreliable: a difference inside its
+noise is no evidence of a difference in semantics (docs/benchmarks/fill-fidelity.md, "What was left").
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ def published_means(path: Path, seeds: set[int]) -> dict[tuple[str, str, int], t
 
 
 def noise(sd_ours: float, n_ours: int, sd_published: float, n_published: int) -> float:
-    """Two standard errors of (our mean - the published mean), two independent samples (+inf below 2 seeds)."""
+    """Half the width of a 95 % confidence interval of (our mean - the published mean), two independent samples of
+    unequal spread (Welch: t(0.975, Welch-Satterthwaite df) x standard error); +inf below 2 seeds on either side."""
+    from scipy import stats
+
     if min(n_ours, n_published) < 2:
         return math.inf
-    return 2 * math.sqrt(sd_ours ** 2 / n_ours + sd_published ** 2 / n_published)
+    a, b = sd_ours ** 2 / n_ours, sd_published ** 2 / n_published
+    if a + b == 0:
+        return 0.0
+    df = (a + b) ** 2 / (a ** 2 / (n_ours - 1) + b ** 2 / (n_published - 1))
+    return float(stats.t.ppf(0.975, df)) * math.sqrt(a + b)
 
 
 def run(openb: Path, published: Path, traces: list[str], policies: list[str], seeds: str, jobs: int,
@@ -59,7 +66,7 @@ def run(openb: Path, published: Path, traces: list[str], policies: list[str], se
     elapsed = time.perf_counter() - started
     reference = published_means(published, set(parse_seeds(seeds)))
     policies_compared = [p for p in policies if p in PUBLISHED_NAMES.values()]
-    lines = ["| trace | policy | ours @100 | published @100 | Δ | ours @130 | published @130 | Δ | noise (2 SE) "
+    lines = ["| trace | policy | ours @100 | published @100 | Δ | ours @130 | published @130 | Δ | noise (95 %) "
              "| within ±0.5 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|:-:|"]
     misses = unresolved = 0
     traces_summary = summary["traces"]

@@ -1,5 +1,5 @@
 """The fill benchmark's comparison with the FGD artifact: published means over the chosen seeds, and the noise of a
-difference of means (benchmarks/fill_fidelity.py)."""
+difference of means, a 95 % Welch interval (benchmarks/fill_fidelity.py)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ def test_published_means_keep_the_chosen_seeds_with_their_spread(tmp_path):
     assert means[("multigpu30", "fgd", 130)] == (91.0, 0.0, 1)
 
 
-def test_noise_is_two_standard_errors_of_a_difference_of_means():
-    # sd 0.6 over 3 seeds on both sides: 2 * sqrt(0.36/3 + 0.36/3) = 2 * sqrt(0.24)
-    assert fill_fidelity.noise(0.6, 3, 0.6, 3) == pytest.approx(2 * math.sqrt(0.24))
-    # ten seeds on both sides shrink it by sqrt(3/10)
-    assert fill_fidelity.noise(0.6, 10, 0.6, 10) == pytest.approx(fill_fidelity.noise(0.6, 3, 0.6, 3)
-                                                                   * math.sqrt(3 / 10))
+def test_noise_is_the_welch_interval_of_a_difference_of_means():
+    # sd 0.6 over 3 seeds on both sides: standard error sqrt(0.36/3 + 0.36/3) = sqrt(0.24), Welch df 4, t = 2.7764
+    assert fill_fidelity.noise(0.6, 3, 0.6, 3) == pytest.approx(2.7764451 * math.sqrt(0.24))
+    # 10 seeds: df 18, t = 2.1009; unequal spreads weigh the df toward the noisier side
+    assert fill_fidelity.noise(0.6, 10, 0.6, 10) == pytest.approx(2.1009220 * math.sqrt(0.072))
+    assert fill_fidelity.noise(0.7, 10, 0.3, 10) < fill_fidelity.noise(0.7, 10, 0.7, 10)
     assert fill_fidelity.noise(0.6, 1, 0.6, 10) == math.inf
+    assert fill_fidelity.noise(0.0, 3, 0.0, 3) == 0.0
