@@ -90,19 +90,37 @@ def test_gpupacking_scores(gpu_free, want):
     assert GpuPackingScore().score(kind(gpus=4), state(gpu_free), make_shape(300)) == want
 
 
+# The FGD artifact's GpuPackingScore for tasks of several whole GPUs and for free nodes of each size (issue 38): k whole
+# GPUs on a used node score 50 - k (at least 33) whatever else the node holds; a free node of n GPUs 33 - n (at least
+# n), so the smallest free node opens first.
+@pytest.mark.parametrize(
+    ("gpus", "gpu_free", "gpu_count", "want"),
+    [(8, [0, 300, 1000, 1000, 1000, 1000, 0, 0], 2, 48), (8, [1000] * 8, 8, 25), (1, [1000], 1, 32),
+     (2, [1000, 1000], 2, 31), (4, [1000, 1000, 0, 1000], 2, 48)],
+    ids=["2 whole GPUs on a used node", "free 8-GPU node", "free 1-GPU node", "free 2-GPU node",
+         "a used node's whole GPUs only"],
+)
+def test_gpupacking_scores_whole_gpu_tasks(gpus, gpu_free, gpu_count, want):
+    shape = make_shape(1000, gpu_count=gpu_count)
+    assert GpuPackingScore().score(kind(gpus=gpus), state(gpu_free), shape) == want
+
+
 def test_gpupacking_scores_cpu_only_tasks_zero():
     assert GpuPackingScore().score(kind(), state([1000, 1000]), make_shape(0, cpu_milli=1000)) == 0
 
 
 @pytest.mark.parametrize(
-    ("tags", "idle", "want"),
-    [((("share-gpu", 3),), 6000, 81), ((), 8000, 25), ((("1-gpu", 4),), 4000, 12),
-     ((("1-gpu", 1), ("share-gpu", 1)), 4000, 62)],
-    ids=["P same tag only", "Q no GPU tasks", "R only other tags", "mixed tags including ours"],
+    ("tags", "gpus", "idle", "gpu_count", "want"),
+    [((("share-gpu", 3),), 8, 6000, 1, 81), ((), 8, 8000, 1, 25), ((("1-gpu", 4),), 8, 4000, 1, 12),
+     ((("1-gpu", 1), ("share-gpu", 1)), 8, 4000, 1, 62), ((("2-gpu", 1),), 8, 6000, 2, 81),
+     ((("1-gpu", 2),), 8, 6000, 2, 6), ((), 1, 1000, 1, 46)],
+    ids=["P same tag only", "Q no GPU tasks", "R only other tags", "mixed tags including ours",
+         "2-GPU task beside a 2-GPU task", "2-GPU task beside 1-GPU tasks", "free 1-GPU node: 25 + 25 x 7/8 truncated"],
 )
-def test_gpuclustering_scores(tags, idle, want):
-    free = [1000] * (idle // 1000) + [0] * (8 - idle // 1000)
-    assert GpuClusteringScore().score(kind(gpus=8), state(free, tags=tags), make_shape(500)) == want
+def test_gpuclustering_scores(tags, gpus, idle, gpu_count, want):
+    free = [1000] * (idle // 1000) + [0] * (gpus - idle // 1000)
+    shape = make_shape(500) if gpu_count == 1 else make_shape(1000, gpu_count=gpu_count)
+    assert GpuClusteringScore().score(kind(gpus=gpus), state(free, tags=tags), shape) == want
 
 
 def test_whole_gpu_task_takes_lowest_index_free_gpus():
@@ -114,8 +132,10 @@ def test_whole_gpu_task_takes_lowest_index_free_gpus():
 
 @pytest.mark.parametrize(
     ("policy", "gpu_free", "want_gpu"),
-    [("bestfit", [900, 600, 1000], 1), ("spread", [900, 600, 1000], 2), ("dotprod", [600, 600, 1000], 0)],
-    ids=["best fit: least free that fits", "worst fit: most free", "best fit ties: lowest index"],
+    [("bestfit", [900, 600, 1000], 1), ("spread", [900, 600, 1000], 2), ("dotprod", [600, 600, 1000], 0),
+     ("gpupacking", [900, 600, 1000], 1), ("gpuclustering", [1000, 900, 600], 2)],
+    ids=["best fit: least free that fits", "worst fit: most free", "best fit ties: lowest index",
+         "gpupacking: best fit (the artifact's gpuSelMethod best)", "gpuclustering: best fit as well"],
 )
 def test_fraction_device_choice(policy, gpu_free, want_gpu):
     table = table_of((make_node("n", gpus=3), gpu_free))
