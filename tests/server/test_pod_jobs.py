@@ -17,7 +17,7 @@ from gpupool.server.check import check_jobs, check_ledger
 from gpupool.server.db.engine import Database, migrate
 from gpupool.server.db.models import Allocation, Job, LedgerEntry, Org, Project, User
 from gpupool.server.db.repositories import pending_job_ids
-from gpupool.server.services import pod_jobs
+from gpupool.server.services import jobs, pod_jobs
 from gpupool.server.services.metering import meter
 from gpupool.server.services.pod_jobs import PodRecord
 
@@ -71,6 +71,7 @@ def test_a_pod_is_one_job_however_often_it_is_recorded_and_never_pending_work(db
         assert (project.name, user.name, job.queue, job.reason) == ("team-a", "kubernetes", "default", POD.reason)
         assert job.seq == 8, "numbered after every job numbered before"
         assert pending_job_ids(s) == ["agent-job"], "the scheduler never reads a pod's job as pending work"
+        assert s.scalar(jobs._pending, {"org": "o"}) == 1, "nor counts it against the pending cap"
     for _ in range(2):  # a restarted scheduler records the same bound pod again
         write(db, [bound("running", started_at=STARTED)])
     with db.session() as s:

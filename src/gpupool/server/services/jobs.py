@@ -116,7 +116,8 @@ _org, _queue_name = bindparam("org"), bindparam("queue")
 _project_id = _first(Project.id, Project.org_id == _org, Project.name == bindparam("project"))
 _own_queue = select(QueueRow.id).where(QueueRow.name == _queue_name, QueueRow.org_id == _org).exists()
 _pending = select(func.count()).select_from(Job).where(  # OR, not IN: no list expanded at each execution
-    Job.org_id == _org, or_(*(Job.state == state for state in PENDING_STATES)))
+    Job.org_id == _org, or_(*(Job.state == state for state in PENDING_STATES)),
+    Job.external_id.is_(None))  # a cluster's pending pods (server/kube) are not submissions: they never count
 #: the query of `_admission`, built once (a key of None matches no job). A child names its parent as seen from its
 #: own organisation: the organisation's own queue is the parent of its rows only; a shared one (no organisation
 #: owns one of that name) of every row that names it.
