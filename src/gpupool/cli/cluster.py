@@ -369,15 +369,18 @@ JOBS_AS = {"dynamic-uid": "dynamic uid", "local-user": "local user", "agent-user
 
 
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Nodes and their GPUs (allocated fraction, utilisation, temperature), and who their process jobs run as."""
+    """Nodes, agents' and Kubernetes' (source), their GPUs (model: GPUs allocated), tasks, and who their process
+    jobs run as."""
     with refused():
         data = Client().get("/nodes")
     for node in data:
+        node.setdefault("source", "agent")  # a server from before sources
         node["gpu_summary"] = ", ".join(f"{g['model']}:{g['allocated_milli'] / 1000:g}" for g in node["gpus"])
         if not as_json:
             node["jobs_as"] = JOBS_AS.get(node.get("jobs_as", ""), "unknown")
             node["state"] = state_text(node)
-    show(data, as_json, [("node", "name"), ("state", "state"), ("cordoned", "cordoned"), ("jobs as", "jobs_as"),
+    show(data, as_json, [("node", "name"), ("source", "source"), ("state", "state"), ("cordoned", "cordoned"),
+                         ("jobs as", "jobs_as"), ("tasks", "tasks"),
                          ("GPUs (model:allocated)", "gpu_summary"), ("last seen", "last_seen")], title="nodes")
 
 

@@ -151,14 +151,17 @@ def _remove_node(app: FastAPI, hub: AgentHub, node_id: str) -> None:
     hub.reset_node(node_id, draining.REMOVED)
     app.state.principals.clear()
 def _kubernetes(settings: Settings, loop: SchedulerLoop) -> KubeBackend | None:
-    """The Kubernetes backend (server/kube) when the settings name a kubeconfig, started and given to the loop."""
+    """The Kubernetes backend (server/kube) when the settings name a kubeconfig, started and given to the loop; its
+    pods are recorded in the loop's database (kube/records.py), fenced by the loop's lease."""
     if not settings.kubeconfig:
         return None
     from gpupool.server.kube.backend import KubeBackend
     from gpupool.server.kube.client import KubeClient, load
+    from gpupool.server.kube.records import PodRecorder
 
     backend = KubeBackend(KubeClient(load(settings.kubeconfig)), loop.wake, settings.kube_org,
                           settings.kube_queue_map, settings.kill_grace_s)
+    backend.recorder = PodRecorder(loop.db, loop.lease.fence, settings.kube_org)
     loop.backend = backend
     backend.start()
     return backend

@@ -38,7 +38,11 @@ class NodeOut(_Response):
     drain_deadline: UtcTime | None = Field(default=None, description="when work still running on the draining "
                                                                      "node is evicted (None: it ends on its own)")
     removing: bool = Field(default=False, description="removed once its evicted work has stopped")
-    tasks: int = Field(default=0, description="tasks open there (starting, running or stopping)")
+    tasks: int = Field(default=0, description="tasks open there (starting, running or stopping); on a Kubernetes "
+                                              "node, gpupool's pods bound there and not ended")
+    source: Literal["agent", "kubernetes"] = Field(default="agent", description="who reports the node: a gpupool "
+                                                                                 "agent, or a Kubernetes cluster "
+                                                                                 "gpupool schedules pods on")
 
 
 class DrainRequest(_Request):

@@ -132,7 +132,7 @@ class QueueRow(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (UniqueConstraint("project_id", "user_id", "idempotency_key", name="uq_jobs_idempotency"),
-                      Index("ix_jobs_state", "state"))
+                      Index("ix_jobs_state", "state"), Index("uq_jobs_external_id", "external_id", unique=True))
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     seq: Mapped[int] = mapped_column(Integer, index=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
@@ -153,6 +153,9 @@ class Job(Base):
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+    #: a job that stands for something scheduled elsewhere: a Kubernetes pod's "k8s:" + uid (server/kube/records.py);
+    #: None for jobs submitted to gpupool. The scheduler never reads such a job as pending work.
+    external_id: Mapped[str | None] = mapped_column(String(64))
 
 
 class JobEvent(Base):
@@ -226,7 +229,11 @@ class Allocation(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     task_index: Mapped[int] = mapped_column()
     attempt: Mapped[int] = mapped_column()
-    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    #: None for a Kubernetes pod's allocation: its node is a Kubernetes Node, named in `node_name`
+    node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), index=True)
+    node_name: Mapped[str | None] = mapped_column(String(253))
+    #: the GPU model of an allocation without a gpupool node (metering prices it; others' come from their Gpu rows)
+    gpu_model: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))
     gpu_milli: Mapped[int] = mapped_column(default=0)
     cpu_milli: Mapped[int] = mapped_column(default=0)

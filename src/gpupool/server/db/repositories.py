@@ -198,8 +198,10 @@ def upsert(session: Session, table: Any, values: dict[str, Any], keys: Sequence[
 
 
 def pending_job_ids(session: Session, limit: int = 5000) -> list[str]:
-    """The ids of the first `limit` pending jobs, in submission order."""
-    return list(session.scalars(select(Job.id).where(Job.state == "pending").order_by(Job.seq).limit(limit)))
+    """The ids of the first `limit` pending jobs, in submission order; a Kubernetes pod's job (`external_id`) is not
+    among them: its backend schedules it (server/kube)."""
+    return list(session.scalars(select(Job.id).where(Job.state == "pending", Job.external_id.is_(None))
+                                .order_by(Job.seq).limit(limit)))
 
 
 def pending_rows(session: Session, ids: Sequence[str]) -> list[Job]:

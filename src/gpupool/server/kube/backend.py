@@ -6,7 +6,8 @@ Each cycle the loop calls, on its thread:
    pending jobs (view.py);
 2. `apply(decisions, cycle)`: binds, each assumed in the cache first and then sent as one Binding carrying the
    device annotation (the apiserver sets both at once); evictions go through the Eviction API;
-3. `record(reasons, cycle)`: why each pending pod waits (status.py).
+3. `record(reasons, cycle, epoch)`: why each pending pod waits (status.py), and every pod of gpupool's, with that
+   reason, offered to the database's records (records.py: written off the bind path, on their own thread).
 
 Pod states, as the cache sees them (kube-scheduler's assume/forget)::
 
@@ -49,6 +50,7 @@ from gpupool.server.kube.objects import (
     pod_of,
     shape_of,
 )
+from gpupool.server.kube.records import PodRecorder
 from gpupool.server.kube.status import StatusWriter
 from gpupool.server.kube.view import PREFIX, Asks, Pending, holds, is_pending, node_entries, pending_jobs, task_id
 from gpupool.server.scheduler.cache import ClusterCache
@@ -67,6 +69,10 @@ STATUS_WORKERS = 4
 @dataclass
 class KubeCycle:
     pending: Pending = field(default_factory=Pending)
+    #: what the cycle saw (empty before both informers listed), and the name of a pod's queue
+    pods: dict[str, KubePod] = field(default_factory=dict)
+    nodes: dict[str, KubeNode] = field(default_factory=dict)
+    queue_name: Callable[[KubePod], str] | None = None
 
     @property
     def job_ids(self) -> set[str]:
@@ -86,6 +92,8 @@ class KubeBackend:
         self._nodes_seen: object = None
         self._collected: set[str] = set()  # orphaned pods already deleted
         self.binds = 0  # binds the apiserver accepted (tests, metrics)
+        #: where gpupool's database records the pods (create_app sets it; None: not recorded)
+        self.recorder: PodRecorder | None = None
 
     def start(self) -> None:
         self.nodes.start()
@@ -96,6 +104,8 @@ class KubeBackend:
         self.pods.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.status.pool.shutdown(wait=False, cancel_futures=True)
+        if self.recorder is not None:
+            self.recorder.stop()
 
     def prepare(self, cache: ClusterCache, queues: QueueIndex) -> KubeCycle:
         """Bring the cache up to date with the cluster; the cycle's pending pods (none before both lists)."""
@@ -118,17 +128,23 @@ class KubeBackend:
                         if p.ours and holds(p) and GROUP_LABEL in p.labels)
         pending = pending_jobs(waiting, dict(bound), asks, queue_of)
         self.status.forget({p.uid for p in waiting})
-        return KubeCycle(pending)
+        return KubeCycle(pending, pods, nodes, partial(self._queue_name, index=queues))
+
+    def _org_id(self, index: QueueIndex) -> str:
+        return next((i for i, name in index.orgs.items() if name == self.org), self.org)
 
     def _queue(self, pod: KubePod, index: QueueIndex) -> str:
-        """The core's key of the pod's queue: its label, else its namespace's queue (config), else the queue named
-        as the namespace, else "default"; all in organisation `org`."""
-        org_id = next((i for i, name in index.orgs.items() if name == self.org), self.org)
+        """The core's key of the pod's queue (`_queue_name`)."""
+        return index.key(self._org_id(index), self._queue_name(pod, index))
+
+    def _queue_name(self, pod: KubePod, index: QueueIndex) -> str:
+        """The name of the pod's queue: its label, else its namespace's queue (config), else the queue named as the
+        namespace, else "default"; all in organisation `org`."""
+        org_id = self._org_id(index)
         named = pod.labels.get(QUEUE_LABEL) or self.queues.get(pod.namespace)
-        row = index.find(org_id, named or pod.namespace)
-        if row is None and not named:
-            row = index.find(org_id, "default")
-        return index.row_key(row) if row is not None else index.key(org_id, named or pod.namespace)
+        if not named and index.find(org_id, pod.namespace) is None and index.find(org_id, "default") is not None:
+            return "default"
+        return named or pod.namespace
 
     def _reconcile(self, cache: ClusterCache, nodes: dict[str, KubeNode], pods: dict[str, KubePod],
                    queue_of: Callable[[KubePod], str]) -> None:
@@ -221,13 +237,19 @@ class KubeBackend:
         except Exception as exc:
             log.info("kube: %s%s failed: %s", fn.__name__, args[:2], str(exc).splitlines()[0][:200])
 
-    def record(self, reasons: dict[str, PendingReason], cycle: KubeCycle) -> None:
-        """Write why each of the cycle's pending pods waits (`reasons`: the core's, by job id)."""
+    def record(self, reasons: dict[str, PendingReason], cycle: KubeCycle, epoch: int = 0) -> None:
+        """Write why each of the cycle's pending pods waits (`reasons`: the core's, by job id), and offer the pods
+        with their reasons to the recorder (the database's view; `epoch` fences its write)."""
         every = {**cycle.pending.waiting, **reasons}
+        by_pod: dict[str, dict[str, Any]] = {}
         for job_id, reason in every.items():
             members = cycle.pending.members.get(job_id)
             if members:
                 self.status.record(members, reason)
+                said = reason.to_dict()
+                by_pod.update((p.uid, said) for p in members)
+        if self.recorder is not None and cycle.queue_name is not None:
+            self.recorder.offer(cycle.pods, cycle.nodes, by_pod, cycle.queue_name, epoch)
 
 
 def _pod_key(obj: dict[str, Any]) -> str:

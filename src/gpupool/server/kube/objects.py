@@ -71,6 +71,11 @@ class KubePod:
     #: what restricts its nodes (constraints.py), and the tag naming that, worked out once per version of the pod
     asks: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     tag: str = ""
+    #: epoch seconds, from its status where it says: bound (PodScheduled=True), started (its containers, else
+    #: startTime) and ended (its containers' finish, else when its Ready condition last changed, once done)
+    bound_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
 
     @property
     def done(self) -> bool:
@@ -124,11 +129,27 @@ def pod_of(obj: dict[str, Any]) -> KubePod:
                    spec.get("schedulerName") == SCHEDULER_NAME, cpu, memory, dict(meta.get("labels") or {}),
                    dict(meta.get("annotations") or {}), int(spec.get("priority") or 0),
                    _timestamp(meta.get("creationTimestamp")), float(deadline) if deadline else None,
-                   bool(meta.get("deletionTimestamp")), spec, asks, signature(asks))
+                   bool(meta.get("deletionTimestamp")), spec, asks, signature(asks), *_times(status))
 
 
 def _timestamp(value: str | None) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else 0.0
+
+
+def _times(status: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(bound, started, ended) as the pod's status says them (None where it does not)."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    scheduled = conditions.get("PodScheduled") or {}
+    bound = _timestamp(scheduled.get("lastTransitionTime")) or None if scheduled.get("status") == "True" else None
+    states = [s.get("state") or {} for s in status.get("containerStatuses") or []]
+    starts = [_timestamp(s.get("startedAt")) for x in states for s in (x.get("running"), x.get("terminated")) if s]
+    ends = [_timestamp(x["terminated"].get("finishedAt")) for x in states if x.get("terminated")]
+    started = min(filter(None, starts), default=None) or _timestamp(status.get("startTime")) or None
+    ended = None
+    if status.get("phase") in DONE_PHASES:
+        ready = conditions.get("Ready") or {}
+        ended = max(filter(None, ends), default=None) or _timestamp(ready.get("lastTransitionTime")) or None
+    return bound, started, ended
 
 
 def gpu_milli(pod: KubePod) -> tuple[int, int]:

@@ -157,7 +157,8 @@ class SchedulerLoop:
         waiting = {**result.pending, **held}
         if kube is not None and self.backend is not None:
             placed += self.backend.apply(result.decisions, kube, self.cache)
-            self.backend.record({j: r for j, r in result.pending.items() if j in kube.pending.jobs}, kube)
+            self.backend.record({j: r for j, r in result.pending.items() if j in kube.pending.jobs}, kube,
+                                self.lease.epoch)
             waiting = {j: r for j, r in waiting.items() if not j.startswith(POD_PREFIX)}
         self._record_reasons(waiting, self.lease.epoch)
         self.fair_shares = dict(result.fair_shares)

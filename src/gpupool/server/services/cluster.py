@@ -168,9 +168,11 @@ def list_nodes(session: Session, principal: Principal, telemetry: dict[str, list
 
 def backend_nodes(cache: ClusterCache) -> list[api.NodeOut]:
     """The nodes a cluster backend (Kubernetes: server/kube) put in the scheduler's cache, as `list_nodes` shows
-    agents' nodes: its jobs_as says "kubernetes", its GPUs' allocation is what the cache holds on them."""
+    agents' nodes: its source and jobs_as say "kubernetes", its GPUs' allocation and its tasks are what the cache
+    holds on them (gpupool's pods bound there)."""
     out = []
     with cache.lock:
+        tasks = Counter(h.task.node for h in cache.held.values())
         for entry in sorted(cache.nodes.values(), key=lambda e: e.spec.name):
             if not entry.node_id.startswith(POD_PREFIX):
                 continue
@@ -181,7 +183,7 @@ def backend_nodes(cache: ClusterCache) -> list[api.NodeOut]:
             out.append(api.NodeOut(name=entry.spec.name, state="ready" if entry.schedulable else "unschedulable",
                                    cordoned=not entry.schedulable, cpu_milli=entry.spec.cpu_milli,
                                    memory_mib=entry.spec.memory_mib, site=entry.spec.site, gpus=gpus, last_seen=None,
-                                   jobs_as="kubernetes"))
+                                   jobs_as="kubernetes", tasks=tasks[entry.spec.name], source="kubernetes"))
     return out
 
 
@@ -219,11 +221,19 @@ def top(session: Session, principal: Principal) -> list[api.UsageRow]:
     for alloc, job in session.execute(query):
         if not principal.at_least("tenant-admin") and projects.get(job.project_id) not in principal.projects:
             continue
+        gpu_models = ({alloc.gpu_model} if alloc.node_id is None and alloc.gpu_model is not None
+                      else {models.get((alloc.node_id, i), "") for i, _, _ in alloc.shares})
         rows.append(api.UsageRow(project=projects.get(job.project_id, ""), user=users.get(job.user_id, ""),
-                                 node=nodes.get(alloc.node_id, ""), job=job.id, gpus=alloc.gpu_milli / 1000,
-                                 gpu_models=sorted({models.get((alloc.node_id, i), "") for i, _, _ in alloc.shares}),
-                                 since=alloc.started_at or alloc.created_at))
+                                 node=node_name(alloc, nodes), job=job.id, gpus=alloc.gpu_milli / 1000,
+                                 gpu_models=sorted(gpu_models), since=alloc.started_at or alloc.created_at))
     return sorted(rows, key=lambda r: (r.project, r.user, r.node, r.job))
+
+
+def node_name(allocation: Allocation, nodes: dict[str, str]) -> str:
+    """Where an allocation is: its node's name (`nodes`: id -> name), or a pod's Kubernetes node."""
+    if allocation.node_id is None:
+        return allocation.node_name or ""
+    return nodes.get(allocation.node_id, "")
 
 
 def now_utc() -> datetime:

@@ -116,7 +116,8 @@ _org, _queue_name = bindparam("org"), bindparam("queue")
 _project_id = _first(Project.id, Project.org_id == _org, Project.name == bindparam("project"))
 _own_queue = select(QueueRow.id).where(QueueRow.name == _queue_name, QueueRow.org_id == _org).exists()
 _pending = select(func.count()).select_from(Job).where(  # OR, not IN: no list expanded at each execution
-    Job.org_id == _org, or_(*(Job.state == state for state in PENDING_STATES)))
+    Job.org_id == _org, or_(*(Job.state == state for state in PENDING_STATES)),
+    Job.external_id.is_(None))  # a cluster's pending pods (server/kube) are not submissions: they never count
 #: the query of `_admission`, built once (a key of None matches no job). A child names its parent as seen from its
 #: own organisation: the organisation's own queue is the parent of its rows only; a shared one (no organisation
 #: owns one of that name) of every row that names it.
@@ -254,7 +255,7 @@ def job_out(session: Session, job: Job, with_allocations: bool = False, project_
         nodes = {n.id: n.name for n in session.scalars(select(Node))}
         rows = session.scalars(select(Allocation).where(Allocation.job_id == job.id).order_by(Allocation.created_at))
         out.allocations = [api.AllocationOut(id=a.id, task_index=a.task_index, attempt=a.attempt,
-                                             node=nodes.get(a.node_id, ""), state=a.state,
+                                             node=a.node_name or nodes.get(a.node_id or "", ""), state=a.state,
                                              gpus=[{"index": i, "milli": m} for i, m, _ in a.shares],
                                              started_at=a.started_at, released_at=a.released_at,
                                              exit_code=a.exit_code) for a in rows]
@@ -308,6 +309,10 @@ def events(session: Session, job: Job) -> list[api.EventOut]:
 
 
 def cancel(session: Session, principal: Principal, job: Job, lifecycle: Lifecycle) -> api.JobOut:
+    if job.external_id is not None:
+        pod = job.spec.get("kubernetes") or {}
+        raise HTTPException(409, f"job {job.id} is the Kubernetes pod {pod.get('namespace')}/{pod.get('pod')}: "
+                                 "delete the pod (kubectl delete pod) to end it")
     user = session.get(User, job.user_id)
     if not (principal.at_least("project-admin") or (user is not None and user.id == principal.user_id)):
         raise HTTPException(403, "only the job's owner or a project admin can cancel it")
@@ -383,18 +388,21 @@ def relative(seconds: float) -> str:
 
 
 def why_scheduled(session: Session, job: Job) -> api.PendingReasonOut:
-    """Why a placed job has not started: the tasks its nodes' agents have not yet said they started, each with its
-    node, the node's state, and since when it waits (the allocation's creation)."""
-    rows = session.execute(select(Allocation.task_index, Allocation.created_at, Node.name, Node.state).join(
-        Node, Node.id == Allocation.node_id).where(Allocation.job_id == job.id, Allocation.attempt == job.attempt,
-                                                   Allocation.state == "starting").order_by(Allocation.task_index))
+    """Why a placed job has not started: the tasks its nodes' agents (a pod's: its kubelet) have not yet said they
+    started, each with its node, the node's state, and since when it waits (the allocation's creation)."""
+    rows = session.execute(select(  # a pod's allocation has no gpupool node: the Kubernetes node is named on it
+        Allocation.task_index, Allocation.created_at, func.coalesce(Node.name, Allocation.node_name),
+        func.coalesce(Node.state, "kubernetes")).outerjoin(Node, Node.id == Allocation.node_id).where(
+        Allocation.job_id == job.id, Allocation.attempt == job.attempt,
+        Allocation.state == "starting").order_by(Allocation.task_index))
     details = [{"task": task, "node": node, "node_state": state, "since": aware(created).isoformat()}
                for task, created, node, state in rows]
     if not details:
         return api.PendingReasonOut(kind="starting", message="placed; its tasks are starting")
     nodes = {d["node"]: d["node_state"] for d in details}
     waiting = ", ".join(f"{node} ({state})" for node, state in sorted(nodes.items()))
+    starter = "kubelet" if job.external_id is not None else "agent"
     return api.PendingReasonOut(
         kind="waiting_for_node", details=details,
-        message=f"placed since {details[0]['since']}; waiting for {len(details)} task(s) to be started by the agent "
-                f"of {waiting}")
+        message=f"placed since {details[0]['since']}; waiting for {len(details)} task(s) to be started by the "
+                f"{starter} of {waiting}")

@@ -94,7 +94,8 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
             continue
         job = session.get(Job, allocation.job_id)
         assert job is not None
-        model = models.get((allocation.node_id, allocation.shares[0][0]), "") if allocation.shares else ""
+        model = allocation.gpu_model or (  # a pod's (no gpupool node): its Kubernetes node's, as recorded
+            models.get((allocation.node_id, allocation.shares[0][0]), "") if allocation.shares else "")
         price = prices.get(model, DEFAULT_CENTS_PER_GPU_HOUR)
         for piece_start, piece_end in _period_pieces(start, end, period_s):
             entry = LedgerEntry(

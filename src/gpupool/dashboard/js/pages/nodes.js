@@ -2,7 +2,8 @@
 // cordon / uncordon (POST /nodes/{name}/cordon|uncordon, answering with the new node list); drain, with a deadline
 // chosen beside it, and undrain (POST /nodes/{name}/drain|undrain); remove (DELETE /nodes/{name}, two clicks; a
 // node that runs work answers 409 naming it, shown in place of the button). Drain and remove answer with what they
-// did, so the list is loaded again after them.
+// did, so the list is loaded again after them. Kubernetes nodes (source "kubernetes") are listed beside agents'
+// nodes, with what gpupool allocated there; they take no actions here (kubectl cordons and drains them).
 
 import { api } from '../api.js';
 import { badge, errorBox, h, panel, table } from '../dom.js';
@@ -92,6 +93,7 @@ function stateCell(node) {
 export function render(ctx) {
   const columns = [
     { label: 'node', cell: (n) => n.name },
+    { label: 'source', cell: (n) => n.source },
     { label: 'site', cell: (n) => n.site || '—' },
     { label: 'state', cell: stateCell },
     { label: 'GPUs', cell: gpuSummary },
@@ -103,9 +105,10 @@ export function render(ctx) {
   ];
   const reload = () => list.refresh();
   if (ctx.isOperator) {
-    columns.push({ label: 'actions', cell: (n) => h('span', { class: 'actions' },
+    // a Kubernetes node is cordoned and drained with kubectl, not here
+    columns.push({ label: 'actions', cell: (n) => (n.source === 'kubernetes' ? 'kubectl' : h('span', { class: 'actions' },
       n.drain_since ? null : cordonButton(n, (nodes) => list.show(nodes)), drainControls(n, reload),
-      removeButton(n, reload)) });
+      removeButton(n, reload))) });
   }
   // Sites only where set: no column of dashes on a pool that names none.
   const shown = (nodes) => columns.filter((c) => c.label !== 'site' || nodes.some((n) => n.site));
