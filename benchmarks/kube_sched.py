@@ -4,7 +4,8 @@ by scripts/build-kube), fake nodes as API objects, each scheduler on a fresh clu
 1. throughput: NODES nodes x 8 GPUs, PODS whole-GPU pods created before the scheduler starts; pods bound per second
    from the scheduler being ready to the last pod bound (its informers' first list included, for both);
 2. allocation: openb-shaped pods (openb_pod_list_default, GPU model constraints dropped, as every node is one
-   model) drawn up to 130 % of the GPU capacity (the fill protocol's `tune`, seed 42), created in that order;
+   model) drawn up to 130 % of the GPU capacity (the fill protocol's `tune`, seed 42), fractions rounded to the
+   annotation's 10 % steps, created in that order;
    the GPU the bound pods asked for, as a share of capacity, once each scheduler is done. kube-scheduler cannot share
    a GPU, so it gets each fraction rounded up to one whole GPU (what it books), and is credited with the fraction
    (what the pod uses). The simulator's `best` (one-pod fill cycles on a SimCluster, the control plane's profile)
@@ -120,10 +121,16 @@ def throughput(kind: str, nodes: int, pods: int, root: Path) -> float:
 
 
 def openb_shapes(openb: Path, nodes: int) -> list[tuple[str, TaskShape]]:
+    """The pods, in creation order; a fraction is rounded to the nearest 10 % step (at least 10 %), as the
+    `gpupool.io/gpu` annotation carries it, so that every scheduler and the simulator place the same pods."""
     pods = read_pods(openb / "openb_pod_list_default.csv")
     order = tune(pods, nodes * GPUS * 1000, Fraction(13, 10), random.Random(42))
-    return [(f"o-{i:05d}", TaskShape(p.shape.cpu_milli, p.shape.memory_mib, p.shape.gpu_count, p.shape.gpu_milli))
+    return [(f"o-{i:05d}", TaskShape(p.shape.cpu_milli, p.shape.memory_mib, p.shape.gpu_count, _step(p.shape)))
             for i, (_, p) in enumerate(order)]
+
+
+def _step(shape: TaskShape) -> int:
+    return max(100, (shape.gpu_milli + 50) // 100 * 100) if shape.is_shared else shape.gpu_milli
 
 
 def _openb_body(name: str, shape: TaskShape, whole: bool) -> dict[str, Any]:
@@ -131,7 +138,7 @@ def _openb_body(name: str, shape: TaskShape, whole: bool) -> dict[str, Any]:
     cpu, memory = f"{shape.cpu_milli}m", f"{max(1, shape.memory_mib)}Mi"
     if whole:
         return kube_cluster.pod_body(name, gpus=shape.gpu_count, cpu=cpu, memory=memory, scheduler="default-scheduler")
-    fraction = f"{shape.gpu_milli / 1000:.1f}" if shape.is_shared else None
+    fraction = f"{shape.gpu_milli // 100 / 10}" if shape.is_shared else None
     return kube_cluster.pod_body(name, gpus=0 if shape.is_shared else shape.gpu_count, fraction=fraction, cpu=cpu,
                                  memory=memory)
 

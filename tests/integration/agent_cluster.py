@@ -55,6 +55,8 @@ import os, sys, time
 os.umask(0)  # a restart of the attempt may run as another transient uid: it must be able to append
 folder, seconds = sys.argv[1], float(sys.argv[2])
 attempt = os.environ["GPUPOOL_ATTEMPT"]
+if attempt == "1" and len(sys.argv) > 3:
+    seconds = float(sys.argv[3])
 print(f"attempt={attempt} pid={os.getpid()} CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
 end = time.time() + seconds
 with open(os.path.join(folder, f"attempt-{attempt}"), "a") as out:
@@ -68,9 +70,10 @@ with open(os.path.join(folder, f"attempt-{attempt}"), "a") as out:
 """
 
 
-def marker_command(folder: Path, seconds: float) -> list[str]:
-    """The marker workload writing into `folder` (a `Cluster.drop_box`)."""
-    return [JOB_PYTHON, "-c", MARKER_SCRIPT, str(folder), str(seconds)]
+def marker_command(folder: Path, seconds: float, first_s: float | None = None) -> list[str]:
+    """The marker workload writing into `folder` (a `Cluster.drop_box`), running `seconds`; attempt 1 runs
+    `first_s` if given (one that must be stopped: it cannot end on its own first, however loaded the machine)."""
+    return [JOB_PYTHON, "-c", MARKER_SCRIPT, str(folder), str(seconds), *([str(first_s)] if first_s else [])]
 
 
 @dataclass

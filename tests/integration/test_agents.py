@@ -200,7 +200,7 @@ def test_partitioned_agent_self_fences_before_its_node_is_lost(make_cluster):
         for name in ("b", "c"):  # attempt 1 must land on the node in the namespace
             assert cluster.api.post(f"/nodes/{name}/cordon").status_code == 200
         markers = cluster.drop_box("markers")
-        job_id = cluster.submit(command=marker_command(markers, 8), gpus="1")
+        job_id = cluster.submit(command=marker_command(markers, 8, first_s=300), gpus="1")  # 1 must be fenced
         wait_for(lambda: read_marker(markers / "attempt-1"), 20, "attempt 1 to start")
         for name in ("b", "c"):
             assert cluster.api.post(f"/nodes/{name}/uncordon").status_code == 200

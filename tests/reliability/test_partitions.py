@@ -54,7 +54,8 @@ ENV = {**SCALED, "GPUPOOL_MAX_DISCONNECT_S": "5", "GPUPOOL_LOST_AFTER_S": "6"}
 H, G, F = (float(ENV[k]) for k in ("GPUPOOL_HEARTBEAT_S", "GPUPOOL_LOST_AFTER_S", "GPUPOOL_MAX_DISCONNECT_S"))
 SCAN = min(1.0, H)  # the monitor's period (AgentHub.monitor)
 RUNS = 20 if soak() else 1
-WORK_S = F + 2.0  # each attempt's workload: longer than F, so a fenced attempt 1 never reaches its end
+WORK_S = F + 2.0  # each attempt's workload: longer than F
+STOPPED_S = 300.0  # attempt 1 where it must be fenced: it never reaches its end first, however late the cut comes
 
 
 @dataclass
@@ -134,14 +135,14 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
     assert cluster.violations == []
 
 
-def place_on_cut(net: Net, markers: Path) -> str:
-    """A marker job whose attempt 1 runs on `cut` (b cordoned until it started); its id."""
+def place_on_cut(net: Net, markers: Path, first_s: float | None = None) -> str:
+    """A marker job whose attempt 1 runs on `cut` (b cordoned until it started), for `first_s` if given; its id."""
     api = net.cluster.api
     net.cluster.wait_ready(["cut", "b"], timeout_s=60)
     wait_for(lambda: not any(net.cluster.allocated_milli().values()), 30, "the nodes to be free")
     assert api.post("/nodes/b/cordon").status_code == 200
     try:
-        job_id = net.cluster.submit(command=marker_command(markers, WORK_S), gpus="1")
+        job_id = net.cluster.submit(command=marker_command(markers, WORK_S, first_s), gpus="1")
         wait_for(lambda: read_marker(markers / "attempt-1"), 30, "attempt 1 to start on cut")
         net.cluster.wait_job(job_id, states=["running"])
     finally:
@@ -221,7 +222,7 @@ def test_t2a_a_short_partition_loses_nothing(net: Net) -> None:
 
 def long_partition(net: Net) -> dict[str, Any]:
     markers = net.markers()
-    job_id = place_on_cut(net, markers)
+    job_id = place_on_cut(net, markers, STOPPED_S)
     rejected_before = rejected_409(net.cluster)
     cut_at, _, _ = net.partition(1.5 * G)
     job = net.cluster.wait_job(job_id, timeout_s=30)
@@ -264,7 +265,7 @@ CASES = {"cp-to-agent dropped": {"to_agent": True, "to_cp": False},
 
 def one_way(net: Net, case: str) -> dict[str, Any]:
     markers = net.markers()
-    job_id = place_on_cut(net, markers)
+    job_id = place_on_cut(net, markers, STOPPED_S)
     fences_before = net.cluster.agents["cut"].log().count("self-fencing")
     _, _, states = net.partition(1.5 * G, **CASES[case])
     job = net.cluster.wait_job(job_id, timeout_s=30)
