@@ -54,7 +54,7 @@ def test_a_pods_run_is_a_job_billed_once_under_its_queue_and_namespace_across_a_
     assert "trainer" in cli(server, "jobs")
     assert kill_server(server) == -9  # bound and running; it ends while no scheduler runs
     wait_for(lambda: kube.pods("team-a")["trainer"]["status"].get("phase") == "Succeeded", 30, "the pod to end")
-    restart_server(server)
+    server = kube.server = restart_server(server)  # the fixture stops the one that runs
     done = job_in(server, "trainer", "succeeded")
     with server.client() as api:
         shown = api.get(f"/jobs/{done['id']}").json()

@@ -242,15 +242,17 @@ def list_nodes(who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
 
 @router.post("/nodes/{name}/cordon", response_model=list[api.NodeOut], tags=["nodes"])
 def cordon(name: str, who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
-    cluster.set_cordon(db, who, name, True)
+    with request.app.state.db.session() as session:  # committed before the cache (services.draining.follow)
+        cluster.set_cordon(session, who, name, True)
     request.app.state.cache.set_schedulable(name, False)
     return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
 
 
 @router.post("/nodes/{name}/uncordon", response_model=list[api.NodeOut], tags=["nodes"])
 def uncordon(name: str, who: Caller, db: Db, request: Request) -> list[api.NodeOut]:
-    node = cluster.set_cordon(db, who, name, False)
-    request.app.state.cache.set_schedulable(name, node.state == "ready")
+    with request.app.state.db.session() as session:
+        ready = cluster.set_cordon(session, who, name, False).state == "ready"
+    request.app.state.cache.set_schedulable(name, ready)
     request.app.state.scheduler.wake()
     return cluster.list_nodes(db, who, request.app.state.hub.telemetry)
 

@@ -54,6 +54,8 @@ class ClusterCache:
         self.by_task: dict[str, str] = {}  # task id -> allocation id
         self.used_slots: dict[str, set[int]] = {}
         self.generation = 0
+        #: counts set_schedulable calls: a reader of node rows applies them only if none came since it read
+        self.schedulable_changes = 0
         #: GPU milli the latest cycle left idle on nodes held for a waiting job (sampled as SOR's part above GAR)
         self.reserved_milli = 0
 
@@ -75,10 +77,22 @@ class ClusterCache:
 
     def set_schedulable(self, node: str, schedulable: bool) -> None:
         with self.lock:
+            self.schedulable_changes += 1
             entry = self.nodes.get(node)
             if entry is not None and entry.schedulable != schedulable:
                 entry.schedulable = schedulable
                 self._apply_schedulable(entry)
+
+    def follow_rows(self, schedulable: dict[str, bool], read_after: int) -> bool:
+        """Take each node as `schedulable` says, read from the database when `schedulable_changes` was
+        `read_after`; nothing (False) if a change came since: it may be newer than the read (a cordon committed
+        after it), and the next read sees it."""
+        with self.lock:
+            if self.schedulable_changes != read_after:
+                return False
+            for node, flag in schedulable.items():
+                self.set_schedulable(node, flag)
+            return True
 
     def _apply_schedulable(self, entry: NodeEntry) -> None:
         i = self.table.index[entry.spec.name]

@@ -139,10 +139,13 @@ class Draining:
     def follow(self) -> None:
         """Make the scheduler's cache take each node as its row says (ready and not cordoned: schedulable): a drain,
         undrain or cordon that a standby control plane answered reaches the leader's scheduler within a pass. Nodes
-        a reset is taking out are left alone (the reset marks them unschedulable before its row changes)."""
+        a reset is taking out are left alone (the reset marks them unschedulable before its row changes). A pass
+        that raced a change of this process (a cordon committed after its read) applies nothing: the next one
+        reads it."""
+        cache = self.lifecycle.cache
+        read_after = cache.schedulable_changes
         with self.lifecycle.db.session() as session:
             rows = session.execute(select(Node.id, Node.name, Node.state, Node.cordoned)).all()
         skip = set(self.resetting())
-        for node_id, name, state, cordoned in rows:
-            if node_id not in skip:
-                self.lifecycle.cache.set_schedulable(name, state == "ready" and not cordoned)
+        cache.follow_rows({name: state == "ready" and not cordoned for node_id, name, state, cordoned in rows
+                           if node_id not in skip}, read_after)
