@@ -1,6 +1,6 @@
 """gpupool schedules Kubernetes pods on a real kube-apiserver (issue 34's "done when", end to end): fractions share
 a GPU, gangs bind all or nothing, a pod that fits nowhere or asks nonsense says why on its PodScheduled condition
-and in an Event, and queues hold across namespaces."""
+and in an Event, and queues and fair share hold across namespaces."""
 
 from __future__ import annotations
 
@@ -133,3 +133,32 @@ def test_preemption_evicts_a_lower_priority_pod_through_the_eviction_api(kube: K
     assert len(left) == 1, f"one low-priority pod evicted (and stopped by its kubelet), left: {left}"
     events = [e for n in ("low-0", "low-1") for e in kube.events(n)]
     assert not [e for e in events if e["reason"] == "FailedScheduling"]
+
+
+def test_fair_share_reclaims_borrowed_gpus_across_two_namespaces(kube: Kube) -> None:
+    """team-a borrows the whole node while team-b is idle; when team-b asks for its guarantee, fair-share evicts
+    team-a's borrowed pods through the Eviction API until each namespace holds its share."""
+    add_node(kube.core, "gpu-a", gpus=8)
+    server = kube.start_gpupool(GPUPOOL_PROFILE="fair-share")
+    with server.client() as api:
+        for name in ("team-a", "team-b"):
+            created = api.post("/queues", json={"name": name, "guaranteed": {"gpus": "4"}})
+            assert created.status_code == 201, created.text
+            kube.namespace(name)
+
+    def bound(ns: str) -> int:
+        return sum(1 for p in kube.pods(ns).values() if p["spec"].get("nodeName"))
+
+    for i in range(8):
+        kube.create_pod(pod_body(f"a-{i}", gpus=1), namespace="team-a")
+    wait_for(lambda: bound("team-a") == 8, 30, "team-a borrows all 8 GPUs while team-b is idle")
+    for i in range(4):
+        kube.create_pod(pod_body(f"b-{i}", gpus=1), namespace="team-b")
+    wait_for(lambda: bound("team-b") == 4, 60, "team-b gets its guarantee back by reclaim")
+    wait_for(lambda: len(kube.pods("team-a")) == 4, 30, "team-a's evicted pods are gone")
+    assert bound("team-a") == 4, "team-a keeps its own guarantee"
+    evicted = {n for n in (f"a-{i}" for i in range(8)) if n not in kube.pods("team-a")}
+    assert len(evicted) == 4, evicted
+    booked = [p["metadata"]["annotations"]["gpupool.io/gpu-devices"] for ns in ("team-a", "team-b")
+              for p in kube.pods(ns).values()]
+    assert len(set(booked)) == 8, f"8 pods on 8 distinct GPUs, got {booked}"
