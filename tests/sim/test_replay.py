@@ -63,6 +63,12 @@ def test_replay_cli_writes_jobs_and_summary(tmp_path):
     assert summary["traces"]["pods"]["bestfit"]["mean_wait_s"] == 45.0
     samples = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
     assert samples[0]["gpu_alloc_pct"] == "100.00"
+    header, _, row = (line.strip("|").split(" | ") for line in
+                      (tmp_path / "out" / "report.md").read_text().splitlines() if line.startswith("|"))
+    report = dict(zip((h.strip() for h in header), (c.strip() for c in row), strict=True))
+    means = summary["traces"]["pods"]["bestfit"]
+    assert report["GAR over the window"] == str(means["gar_window"])  # each figure under its own name
+    assert report["GAR over the run"] == str(means["gar_run"])
 
 
 def test_replay_needs_time_columns(tmp_path):

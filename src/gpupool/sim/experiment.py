@@ -415,11 +415,11 @@ def replay_provenance(nodes: Path, pods: list[Path], policies: list[str], seeds:
 
 
 def replay_table(traces: dict[str, dict[str, dict[str, object]]]) -> str:
-    lines = ["| trace | policy | mean wait (s) | p99 wait (s) | GAR over the run | jobs started | quota violations "
-             "| worst fair-share deviation (%) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| trace | policy | mean wait (s) | p99 wait (s) | GAR over the window | GAR over the run | jobs started "
+             "| quota violations | worst fair-share deviation (%) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for trace, policies in traces.items():
         for policy, e in policies.items():
             lines.append(f"| {trace} | {policy} | {e.get('mean_wait_s', '')} | {e.get('p99_wait_s', '')} | "
-                         f"{e.get('gar_window', '')} | {e.get('started', '')} | {e.get('quota_violations', '')} | "
-                         f"{e.get('fair_share_max_deviation_pct', '')} |")
+                         f"{e.get('gar_window', '')} | {e.get('gar_run', '')} | {e.get('started', '')} | "
+                         f"{e.get('quota_violations', '')} | {e.get('fair_share_max_deviation_pct', '')} |")
     return "\n".join(lines)
