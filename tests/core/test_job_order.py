@@ -139,3 +139,16 @@ def test_the_reservation_goes_to_the_overdue_job_whatever_its_priority(overdue_f
     reason = result.pending[holder]
     assert reason.kind is PendingKind.BACKFILL_WINDOW and reason.at == 3000
     assert result.pending[other].kind is PendingKind.NO_NODE_FITS
+
+
+@pytest.mark.parametrize("name", ["fair-share", "default"])
+def test_queues_take_turns_as_each_start_changes_their_share(name):
+    # two queues with equal guarantees, 4 jobs each, 4 free GPUs: a queue's key is recomputed after each of its jobs
+    # starts, so they alternate and each gets 2 (queue A, submitting first, does not take all 4)
+    tree = QueueTree([QueueSpec(q, guaranteed=ResourceVector({GPU_UNITS: 2000})) for q in ("A", "B")])
+    jobs = tuple(make_job(f"{q}{k}", ONE, queue=q, submitted_at=float(k + (q == "B")), runtime_estimate_s=600.0)
+                 for q in ("A", "B") for k in range(4))
+    snapshot = ClusterSnapshot(table_of(make_node("n1", gpus=4)), jobs, {}, queues=tree)
+    framework = Framework.build(scheduling_profile(name, "bestfit"), default_registry())
+    result = run_cycle(snapshot, framework, clock=FixedClock(60.0), rng=random.Random(0))
+    assert sorted(d.job_id for d in result.decisions if isinstance(d, Bind)) == ["A0", "A1", "B0", "B1"]

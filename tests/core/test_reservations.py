@@ -6,6 +6,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.core import (
     ClusterSnapshot,
@@ -19,7 +21,8 @@ from gpupool.core import (
     run_cycle,
     scheduling_profile,
 )
-from gpupool.core.actions.reservations import MIN_UNKNOWN_REMAINING_S, planned_end
+from gpupool.core.actions.reservations import MIN_UNKNOWN_REMAINING_S, blocking, held_nodes, planned_end
+from gpupool.core.framework import Cycle, Reservation
 from gpupool.core.queues import GPU_UNITS
 from gpupool.core.testing.builders import make_job, make_node, make_shape, run_on, table_of
 
@@ -210,3 +213,32 @@ def test_a_task_no_node_could_take_is_told_why_not_that_the_node_is_reserved():
     result = run_cycle(ClusterSnapshot(table, (make_job("wide", TWO, submitted_at=0), eight), running), framework,
                        clock=FixedClock(NOW), rng=random.Random(0))
     assert result.pending["eight"].details == (("too few GPUs on node", 1),), result.pending["eight"]
+
+
+# the blocking reservations, found by bisection, are those a scan of every reservation finds --------------------
+
+def _scan(reservations, job, now, fitting):
+    return tuple(k for k, r in enumerate(reservations) if r.job_id != job.id
+                 and (r.blocks_fitting(now, job.estimate_s) if fitting else r.blocks(now, job.estimate_s)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(starts=st.lists(st.tuples(st.sampled_from([NOW, NOW + 50, NOW + 100, NOW + 400]), st.booleans(),
+                                 st.sampled_from(["a", "b", "c", "d"])), max_size=8),
+       asks=st.lists(st.tuples(st.sampled_from(["a", "b", "x"]), st.sampled_from([None, 0, 50, 99, 100, 101, 1e9])),
+                     min_size=1, max_size=6),
+       grow=st.integers(0, 8))
+def test_blocking_reservations_are_those_a_scan_finds(starts, asks, grow):
+    framework = Framework.build(scheduling_profile("fifo", "bestfit"), default_registry())
+    cycle = Cycle(ClusterSnapshot(table_of(*(make_node(f"n{i}", gpus=1) for i in range(4))), (), {}),
+                  framework.plugins, FixedClock(NOW), random.Random(0))
+    made = [Reservation(job, "q", frozenset({k % 4}), start, start + 10, firm) for k, (start, firm, job)
+            in enumerate(starts)]
+    for stage in (made[:grow], made):  # asked part-way, then again once all are made (reservations only grow)
+        cycle.reservations[:] = stage
+        for job_id, estimate in asks:
+            job = make_job(job_id, ONE, runtime_estimate_s=estimate)
+            for fitting in (False, True):
+                assert blocking(cycle, job, fitting) == _scan(stage, job, NOW, fitting)
+            assert held_nodes(cycle, job) == frozenset(i for k in _scan(stage, job, NOW, False)
+                                                       for i in stage[k].nodes)

@@ -95,6 +95,8 @@ def _try(cycle: Cycle, job: JobSpec, fenced: frozenset[int], failed: Failed) -> 
     precheck = cycle.quota_precheck(job)
     if precheck:
         return PendingReason(PendingKind.OVER_QUOTA, precheck)
+    if (job.tasks[0].shape, fenced) in failed:  # what placing would find (min_tasks >= 1), without a statement
+        return Stuck(0, job.tasks[0].shape, fenced)
     before = cycle.usage_mark(job.queue)
     with cycle.statement() as stmt:
         stuck = place_gang(cycle, job, stmt, failed, fenced)

@@ -62,7 +62,7 @@ class ConsolidateAction(Action):
                 return
             if cycle.now - job.submitted_at < self.min_wait_s:
                 continue
-            fenced = held_nodes(cycle.reservations, job, cycle.now)
+            fenced = held_nodes(cycle, job)
             key = (job.min_tasks, tuple(t.shape for t in job.tasks), fenced)
             if key in search.failed or cycle.quota_precheck(job):
                 continue

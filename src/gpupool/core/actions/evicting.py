@@ -24,7 +24,7 @@ def start_by_evicting(cycle: Cycle, job: JobSpec, victims: list[RunningTask],
     Like allocate, it keeps off the nodes that this cycle's reservations hold against `job`.
     """
     placer, table, plugin = cycle.plugins.placer, cycle.workspace.table, cycle.plugins.victims
-    fenced = held_nodes(cycle.reservations, job, cycle.now)
+    fenced = held_nodes(cycle, job)
     with cycle.statement() as stmt:
         for k, task in enumerate(job.tasks):
             i = placer.choose(table, task.shape, cycle.rng, fenced)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,14 +42,61 @@ if TYPE_CHECKING:
     from gpupool.core.framework import Cycle
 
 
-def blocking(reservations: list[Reservation], job: JobSpec, now: float) -> list[Reservation]:
-    """The reservations of other jobs whose nodes `job` must keep off if it starts now."""
-    return [r for r in reservations if r.job_id != job.id and r.blocks(now, job.estimate_s)]
+@dataclass(slots=True)
+class _Blocking:
+    """`cycle.reservations` indexed by start, for as long as no reservation is added (`size`)."""
+
+    size: int
+    #: the reservations' starts, ascending, and their positions in that order (stable)
+    starts: list[float]
+    by_start: list[int]
+    #: per job: the positions of its own reservations
+    owned: dict[str, tuple[int, ...]]
+    #: answers of `blocking`, per (blocking prefix, own positions, fitting), and nodes per answer
+    answers: dict[tuple[int, tuple[int, ...], bool], tuple[int, ...]] = field(default_factory=dict)
+    nodes: dict[tuple[int, ...], frozenset[int]] = field(default_factory=dict)
 
 
-def held_nodes(reservations: list[Reservation], job: JobSpec, now: float) -> frozenset[int]:
+def _blocking_index(cycle: Cycle) -> _Blocking:
+    index = cycle.memo.get(_blocking_index)
+    reservations = cycle.reservations
+    if not isinstance(index, _Blocking) or index.size != len(reservations):
+        by_start = sorted(range(len(reservations)), key=lambda k: reservations[k].start)
+        owned: dict[str, tuple[int, ...]] = {}
+        for k, r in enumerate(reservations):
+            owned[r.job_id] = (*owned.get(r.job_id, ()), k)
+        index = cycle.memo[_blocking_index] = _Blocking(len(reservations), [reservations[k].start for k in by_start],
+                                                        by_start, owned)
+    return index
+
+
+def blocking(cycle: Cycle, job: JobSpec, fitting: bool = False) -> tuple[int, ...]:
+    """Positions in `cycle.reservations` (in the order made) of the other jobs' reservations whose nodes `job` must
+    keep off if it starts now (`Reservation.blocks`; with `fitting`, `Reservation.blocks_fitting`).
+
+    A reservation blocks a job with an estimate when it starts before now + estimate: those are a prefix of the
+    reservations by start, found by one bisection, so the answer is the same for every job of that prefix; it is
+    kept until a reservation is added (pending jobs number thousands, reservations a few per queue)."""
+    index = _blocking_index(cycle)
+    count = index.size if job.estimate_s is None else bisect_left(index.starts, cycle.now + job.estimate_s)
+    own = index.owned.get(job.id, ())
+    key = (count, own, fitting)
+    found = index.answers.get(key)
+    if found is None:
+        reservations = cycle.reservations
+        found = index.answers[key] = tuple(sorted(k for k in index.by_start[:count]
+                                                  if k not in own and (reservations[k].firm or not fitting)))
+    return found
+
+
+def held_nodes(cycle: Cycle, job: JobSpec) -> frozenset[int]:
     """The nodes `job` must keep off if it starts now (held by other jobs' blocking reservations)."""
-    return frozenset(i for r in blocking(reservations, job, now) for i in r.nodes)
+    positions = blocking(cycle, job)
+    index = _blocking_index(cycle)
+    nodes = index.nodes.get(positions)
+    if nodes is None:
+        nodes = index.nodes[positions] = frozenset(i for k in positions for i in cycle.reservations[k].nodes)
+    return nodes
 
 
 class ReservationPlan:
@@ -77,8 +126,8 @@ class ReservationPlan:
         Kept per set of blocking reservations (by position: while allocating, reservations are only added, and no
         node is fenced off, which only evicting actions do), so that each fence's nodes are gathered, and hashed as
         part of `failed` keys, once."""
-        now, estimate, reservations = self.cycle.now, job.estimate_s, self.reservations
-        key = tuple(k for k, r in enumerate(reservations) if r.job_id != job.id and r.blocks_fitting(now, estimate))
+        reservations = self.reservations
+        key = blocking(self.cycle, job, fitting=True)
         found = self._fences.get(key)
         if found is None:
             states = self.cycle.workspace.table.states

@@ -233,12 +233,16 @@ class Cycle:
         for queue in by_queue:
             heapq.heappush(heap, (self._key(queue), queue))
         while heap:
-            _, queue = heapq.heappop(heap)
-            head = by_queue[queue].pop()
-            if head.id not in self.started:
-                yield head
-            if by_queue[queue]:
-                heapq.heappush(heap, (self._key(queue), queue))
+            key, queue = heapq.heappop(heap)
+            left = by_queue[queue]
+            while left:
+                head = left.pop()
+                if head.id not in self.started:
+                    yield head
+                if left and (fresh := self._key(queue)) != key:
+                    heapq.heappush(heap, (fresh, queue))
+                    break
+                # an unchanged key would be popped again at once (the rest of the heap is as it was): go on here
 
     def _by_job_key(self) -> list[JobSpec]:
         """The snapshot's pending jobs by the plugin's job key (a function of the job and the cycle's time), sorted
