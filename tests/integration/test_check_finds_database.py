@@ -16,7 +16,7 @@ import pytest
 from agent_cluster import wait_for
 
 from gpupool.devtools import jobdirs
-from gpupool.devtools.harness import free_port
+from gpupool.devtools.harness import stable_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,12 @@ def check(env: dict[str, str], cwd: Path, *flags: str) -> subprocess.CompletedPr
 def test_a_bare_check_reads_the_database_gpupool_up_made(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    # the API on a port no outgoing connection takes, the agent channel on any free port (by default it is the API
+    # port + 1, which another test may hold)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "GPUPOOL_AGENT_PORT": "0"}
     env.pop("GPUPOOL_DATABASE_URL", None)
     with jobdirs.open_folder("gpupool-check-") as base:
-        data, port = base / "pool-data", free_port()
+        data, port = base / "pool-data", stable_port()
         with open(tmp_path / "up.log", "wb") as log:
             up = subprocess.Popen([*CLI, "up", "--data-dir", str(data), "--port", str(port), "--fake-gpus",
                                    "1xA100-80GB"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=base)

@@ -16,7 +16,7 @@ import pytest
 from agent_cluster import wait_for
 
 from gpupool.devtools import jobdirs
-from gpupool.devtools.harness import free_port
+from gpupool.devtools.harness import stable_port
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,10 @@ def mode(path: Path) -> int:
 
 def test_gpupool_up_makes_its_data_private(tmp_path: Path) -> None:
     with jobdirs.open_folder("gpupool-up-") as base:
-        data, port = base / "gpupool-data", free_port()
+        data, port = base / "gpupool-data", stable_port()
         data.mkdir(mode=0o755)  # as a user may have made it
-        env = {**os.environ, "HOME": str(tmp_path)}  # the CLI's config goes there
+        # the CLI's config goes to HOME; the agent channel on any free port (by default the API port + 1)
+        env = {**os.environ, "HOME": str(tmp_path), "GPUPOOL_AGENT_PORT": "0"}
         with open(tmp_path / "up.log", "wb") as log:
             up = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", "up", "--data-dir", str(data), "--port",
                                    str(port), "--fake-gpus", "1xA100-80GB"], stdout=log, stderr=subprocess.STDOUT,
