@@ -38,6 +38,7 @@ NAMES: dict[str, str] = {
     "scheduler.before_bind": "scheduler loop: a cycle's decisions made, the binder's transaction not yet begun",
     "jobs.before_job_update": "jobs service: before a job row is inserted or changed (submit, cancel, decide)",
     "jobs.after_commit_before_response": "POST /jobs: the submission is committed, the response not yet sent",
+    "metering.before_advance": "metering: an allocation read to be billed, its metered_until not yet advanced",
     "metering.mid_ledger_batch": "metering: some ledger entries of a batch added, transaction not committed",
     "migrate.mid_migration": "migration: after each Alembic step, inside the migration's transaction",
 }

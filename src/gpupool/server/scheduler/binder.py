@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlalchemy import insert, select, tuple_
+from sqlalchemy import case, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -262,13 +262,23 @@ def _scheduled(job_id: str, attempt: int, group: list[Bind], now: datetime) -> d
     return {"job_id": job_id, "at": now, "kind": "scheduled", "message": f"attempt {attempt} placed on {nodes}"}
 
 
-def released_now(allocation: Allocation, reason: str, exit_code: int | None, session: Session) -> None:
-    """Close an allocation and its GPU slots (idempotent)."""
+def released_now(allocation: Allocation, reason: str, exit_code: int | None, session: Session,
+                 at: datetime | None = None) -> None:
+    """Close an allocation and its GPU slots (idempotent), released at `at` (default: now) or at what the meter
+    already billed (`metered_until`), whichever is later: one UPDATE reads `metered_until` under the row's write
+    lock, so a meter that committed while this transaction waited is never billed past the release (I7)."""
     if allocation.released_at is not None:
         return
-    now = utcnow()
-    allocation.state, allocation.released_at = "released", now
-    allocation.release_reason = allocation.release_reason or reason
-    allocation.exit_code = exit_code
+    at = utcnow() if at is None else at
+    session.flush()  # the refresh below must not drop this transaction's pending changes of the allocation
+    closed = update(Allocation).where(Allocation.id == allocation.id, Allocation.released_at.is_(None)).values(
+        state="released", exit_code=exit_code,
+        released_at=case((Allocation.metered_until > at, Allocation.metered_until), else_=at),
+        release_reason=case((Allocation.release_reason == "", reason), else_=Allocation.release_reason))
+    released = session.execute(closed.returning(Allocation.released_at),
+                               execution_options={"synchronize_session": False}).scalar()
+    session.refresh(allocation, ["state", "released_at", "release_reason", "exit_code"])
+    if released is None:
+        return  # another transaction released it first
     for slot in session.query(AllocationSlot).filter_by(allocation_id=allocation.id, released_at=None):
-        slot.released_at = now
+        slot.released_at = released

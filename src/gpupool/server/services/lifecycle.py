@@ -227,10 +227,9 @@ class Lifecycle:
                     Allocation.node_id == node_id, Allocation.state.in_(("running", "stopping")))):
                 if (allocation.id, allocation.attempt) in reported:
                     continue
-                released_now(allocation, "node_rebooted", None, session)
                 started = _utc(allocation.started_at) if allocation.started_at is not None else None
-                if last_seen is not None:  # never before the attempt's confirmed start
-                    allocation.released_at = max(last_seen, started) if started is not None else last_seen
+                at = max(last_seen, started) if last_seen is not None and started is not None else last_seen
+                released_now(allocation, "node_rebooted", None, session, at)  # never before its confirmed start
                 closed.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):
@@ -269,9 +268,7 @@ class Lifecycle:
                 chosen = chosen.where(Allocation.id.in_(list(only)))
             why = "node lost" if only is None else "node unreachable past the job's max_disconnect"
             for allocation in session.scalars(chosen):
-                released_now(allocation, "lost", None, session)
-                if last_seen is not None:
-                    allocation.released_at = _at(last_seen)
+                released_now(allocation, "lost", None, session, _at(last_seen) if last_seen is not None else None)
                 released.append(allocation.id)
                 job = session.get(Job, allocation.job_id)
                 if job is not None and job.attempt == allocation.attempt and job.state in ("scheduled", "running"):

@@ -16,10 +16,10 @@ import io
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from html import escape
-from typing import Any
+from typing import Any, cast
 
 from fastapi import HTTPException
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import CursorResult, Select, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.protocol.csvsafe import SafeDictWriter
@@ -92,6 +92,9 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
         start = aware(allocation.metered_until or allocation.started_at)  # type: ignore[arg-type]
         if end <= start:
             continue
+        failpoint("metering.before_advance")
+        if not _advanced(session, allocation.id, end):
+            continue  # released before `end` since it was read: the next pass bills it to its release
         job = session.get(Job, allocation.job_id)
         assert job is not None
         model = allocation.gpu_model or (  # a pod's (no gpupool node): its Kubernetes node's, as recorded
@@ -106,10 +109,18 @@ def meter(session: Session, now: datetime, period_s: int = 3600) -> int:
             _amounts(entry, milliseconds(piece_start, piece_end), price, per_resource)
             session.add(entry)
             written.append(entry)
-        allocation.metered_until = end
         failpoint("metering.mid_ledger_batch")
     rollup.add(session, written)
     return len(written)
+
+
+def _advanced(session: Session, allocation_id: str, end: datetime) -> bool:
+    """Move the allocation's `metered_until` to `end` unless it was released before `end`; True if it moved. One
+    UPDATE under the row's write lock, so a release committed since the meter read the allocation is seen (I7)."""
+    advance = update(Allocation).where(Allocation.id == allocation_id, or_(
+        Allocation.released_at.is_(None), Allocation.released_at >= end)).values(metered_until=end)
+    result = session.execute(advance, execution_options={"synchronize_session": False})
+    return bool(cast(CursorResult[Any], result).rowcount)
 
 
 def _amounts(entry: LedgerEntry, ms: int, cents_per_gpu_hour: int, per_resource: dict[str, int]) -> None:

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.server.db.models import Allocation, Job, JobEvent, Org, Project, User, new_id
 from gpupool.server.db.repositories import JOB_SEQ_LOCK
+from gpupool.server.scheduler.binder import released_now
 from gpupool.server.services.metering import aware
 
 KUBE_USER = "kubernetes"
@@ -185,10 +186,8 @@ def _end(session: Session, job: Job, allocation: Allocation | None, state: str, 
     job.state, job.finished_at = state, at
     if reason is not None:
         job.reason = reason
-    if allocation is not None and allocation.released_at is None:
-        start = allocation.started_at or allocation.created_at
-        allocation.state, allocation.released_at = "released", max(at, aware(start))
-        allocation.release_reason = state
+    if allocation is not None:
+        released_now(allocation, state, None, session, max(at, aware(allocation.started_at or allocation.created_at)))
     message = reason["message"] if reason else f"the pod {state}"
     session.add(JobEvent(job_id=job.id, at=at, kind=state if state != "cancelled" else "deleted", message=message))
 
