@@ -69,11 +69,13 @@ def agent(server_url: str = typer.Option(..., "--server", help="control plane UR
                                job_uid_range=job_uid_range, work_dir=work_dir))
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, since: int, timeout_s: float = 60) -> None:
+    """Wait for the control plane at `url` to be ready; RuntimeError if it exits first, with the last `error:` line
+    it wrote to `log` after byte `since` (what went wrong, in its words)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the control plane exited with code {proc.returncode}")
+            raise RuntimeError(f"the control plane exited with code {proc.returncode}{_last_error(log, since)}")
         try:
             if httpx.get(f"{url}/readyz", timeout=1).json().get("status") == "ok":
                 return
@@ -81,6 +83,14 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60
             pass
         time.sleep(0.2)
     raise RuntimeError("the control plane did not become ready within 60 s")
+
+
+def _last_error(log: Path, since: int) -> str:
+    """": " and the last line starting with "error: " in `log` after byte `since`, or ""."""
+    with log.open("rb") as lines:
+        lines.seek(since)
+        errors = [line for line in lines.read().decode(errors="replace").splitlines() if line.startswith("error: ")]
+    return f": {errors[-1].removeprefix('error: ')}" if errors else ""
 
 
 def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs, admin token (made 0700)"),
@@ -99,12 +109,14 @@ def up(data_dir: Path = typer.Option(Path("gpupool-data"), help="database, logs,
     url = f"http://127.0.0.1:{port}"
     exe = [sys.executable, "-m", "gpupool.cli.main"]
     logs = data_dir / "logs"
+    server_log = logs / "server.log"
+    since = server_log.stat().st_size if server_log.exists() else 0
     server_proc = subprocess.Popen([*exe, "server", "--data-dir", str(data_dir), "--port", str(port)],
-                                   stdout=open(logs / "server.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+                                   stdout=open(server_log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
     children = [server_proc]
     join_file = data_dir / "agent-join.token"
     try:
-        _wait_healthy(url, server_proc)
+        _wait_healthy(url, server_proc, server_log, since)
         token = (data_dir / "admin.token").read_text().strip()
         agent_args = [*exe, "agent", "--server", url, "--data-dir", str(data_dir / "agent"), "--name", "local",
                       "--work-dir", str(work_dir or default_work_root(data_dir, switches=os.geteuid() == 0))]

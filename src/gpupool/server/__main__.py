@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
+import socket
 import sys
 import traceback
 
@@ -55,10 +57,35 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {failure(exc, settings.db_url)}", file=sys.stderr)
         return 3
+    taken = ports_taken(settings)
+    if taken:
+        print(f"error: {taken}", file=sys.stderr)
+        return 3
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
                 **server_options(settings))
     return 0
+
+
+def ports_taken(settings: Settings) -> str | None:
+    """Why the API's or the agent channel's port cannot be listened on (one line naming the port and the setting
+    that moves it), or None. Checked before serving: a port taken after this check still fails the start, with
+    uvicorn's message."""
+    for what, port, moves in (("the API", settings.port, "--port or GPUPOOL_PORT"),
+                              ("the agent channel", settings.channel_port, "GPUPOOL_AGENT_PORT (default: the API "
+                                                                           "port + 1; 0 takes any free port)")):
+        if port == 0:
+            continue
+        try:
+            socket.create_server((settings.host, port), family=_family(settings.host)).close()
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            return f"{what} cannot listen on {settings.host}:{port}: {why}; choose another with {moves}"
+    return None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def rotate(argv: list[str]) -> int:
