@@ -6,8 +6,10 @@ heartbeat — so a lost node's attempt is never billed past the last sign of lif
 Entries never cross a metering period boundary (`period_s`: an hour by default, aligned to the epoch),
 and an allocation still running is metered only up to the last whole period, so a job costs one row per
 period. Each entry's `source_key` is (allocation, attempt, interval start): re-running the meter cannot bill
-twice (I7). Amounts are integers: milli-GPU-seconds, milli-CPU-seconds and MiB-seconds of what the allocation holds,
-and micro-cents at the GPU model's price, the price of a CPU-core-hour and of a GiB-hour (ResourcePrice), summed.
+twice (I7). A meter and a release racing on an allocation agree whichever commits first: the meter
+advances only an allocation not released before its new end, and a release is never before what was billed.
+Amounts are integers: milli-GPU-seconds, milli-CPU-seconds and MiB-seconds of what the allocation holds, and
+micro-cents at the GPU model's price, the price of a CPU-core-hour and of a GiB-hour (ResourcePrice), summed.
 """
 
 from __future__ import annotations
