@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -10,17 +11,17 @@ from pathlib import Path
 
 import httpx
 
-from gpupool.devtools.harness import free_port, server_log, wait_ready
+from gpupool.devtools.harness import TEST_LIMITS, server_log, stable_port, wait_ready
 
 GPUPOOL = [sys.executable, "-m", "gpupool.cli.main"]
 
 
 def test_gpupool_server_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    data, port = tmp_path / "data", free_port()
+    data, port = tmp_path / "data", stable_port()  # and the agent channel on any free port (TEST_LIMITS)
     data.mkdir()
     with open(server_log(data, port), "ab") as log:
         process = subprocess.Popen([*GPUPOOL, "server", "--data-dir", str(data), "--port", str(port)],
-                                   stdout=log, stderr=subprocess.STDOUT)
+                                   stdout=log, stderr=subprocess.STDOUT, env={**TEST_LIMITS, **os.environ})
     try:
         wait_ready(f"http://127.0.0.1:{port}", process, server_log(data, port))
         token = (data / "admin.token").read_text().strip()
