@@ -261,7 +261,10 @@ def _run_placed_jobs(w: World) -> None:
             ws.send(frame("log", offset=0, data=line + "\n", **grant))
             t.ids.add(order["allocation_id"])
             t.logs.add(line)
-        time.sleep(1.1)  # billing ends at the node's last heartbeat: make it a whole metering period later
+        # billing ends at the node's last heartbeat: make it a whole metering period after both confirmed starts
+        # (the control plane's clock: on a loaded machine it may handle the reports well after they were sent)
+        _until(lambda: all(_ok(w.operator.get(f"/jobs/{t.job}"))["state"] == "running" for t in (w.a, w.b)))
+        time.sleep(1.1)
         last = next(seq)
         ws.send(json.dumps({"type": "heartbeat", "boot_id": "boot", "seq": last}))
         while json.loads(ws.recv(timeout=30)) != {"type": "ack", "seq": last}:
